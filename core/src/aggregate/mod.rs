@@ -1,0 +1,59 @@
+//! Aggregates: `decide(state, command, ctx) -> Result<Decision, Rejection>` and
+//! `evolve(state, &event) -> state`, one module per kind of stream.
+//!
+//! * [`vm`] — `vm/<ns>/<name>`: the VM object, its firmware identity, its captured
+//!   instancetype/preference revisions, **and the lifecycle of its VMI runs** (start/stop
+//!   requests, launches, phases, crash-loop backoff). Keeping the runs in the VM's stream lets
+//!   one `decide` see both the spec and the run it judges (start rules, RestartRequired), and
+//!   lets projections derive status from one fold.
+//! * [`vmi`] — `vmi/<ns>/<name>`: standalone VMIs (no VM).
+//! * [`object`] — instancetypes, preferences (both scopes), snapshots, restores, clones and
+//!   the KubeVirt cluster configuration: create/update/delete of a versioned object.
+
+pub mod object;
+pub mod vm;
+pub mod vmi;
+
+use crate::decision::Claim;
+use crate::event::Event;
+
+/// Collects the events of one decision, folding each into a scratch state so later checks see
+/// the effect of earlier events.
+pub(crate) struct Emitter<S> {
+    pub(crate) state: S,
+    pub(crate) events: Vec<Event>,
+    pub(crate) claims: Vec<Claim>,
+    evolve: fn(S, &Event) -> S,
+}
+
+impl<S: Default> Emitter<S> {
+    pub(crate) fn new(state: S, evolve: fn(S, &Event) -> S) -> Self {
+        Emitter {
+            state,
+            events: Vec::new(),
+            claims: Vec::new(),
+            evolve,
+        }
+    }
+
+    pub(crate) fn emit(&mut self, e: Event) {
+        let state = std::mem::take(&mut self.state);
+        self.state = (self.evolve)(state, &e);
+        self.events.push(e);
+    }
+
+    pub(crate) fn claim(&mut self, c: Claim) {
+        self.claims.push(c);
+    }
+
+    pub(crate) fn finish(self, outcome: crate::decision::Outcome) -> crate::decision::Decision {
+        if self.events.is_empty() {
+            return crate::decision::Decision::unchanged();
+        }
+        crate::decision::Decision {
+            events: self.events,
+            claims: self.claims,
+            outcome,
+        }
+    }
+}

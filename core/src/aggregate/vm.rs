@@ -1,0 +1,1006 @@
+//! The VM aggregate: stream `vm/<namespace>/<name>`.
+//!
+//! Holds the VM object (with its effective firmware UUID and serial in
+//! `spec.template.spec.domain.firmware`), the captured instancetype/preference, and the VMI
+//! runs. Status is never stored: [`crate::lifecycle`] derives it from [`VmState`].
+
+use uuid::Uuid;
+
+use super::Emitter;
+use crate::ctx::Ctx;
+use crate::decision::{Claim, Decision, Outcome, streams};
+use crate::defaults;
+use crate::error::{Category, Cause, Causes, Rejection, codes};
+use crate::event::*;
+use crate::firmware::{FirmwareIdentity, claim_key, legacy_firmware_uuid};
+use crate::instancetype::{self, references};
+use crate::lifecycle::{self, DesiredAction, RunStrategy};
+use crate::types::{Instancetype, Kind, Preference, VirtualMachine, VmiSpec};
+use crate::validate;
+
+/// Whether the name holds a live VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Existence {
+    /// The stream is empty.
+    #[default]
+    Never,
+    /// A VM lives under this name.
+    Live,
+    /// The last VM of this name was deleted; the name is free.
+    Deleted,
+}
+
+/// An instancetype or preference as the VM captured it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Captured<T> {
+    /// Its kind (namespaced or cluster).
+    pub kind: Kind,
+    /// Its name.
+    pub name: String,
+    /// Its uid when captured.
+    pub source_uid: Option<String>,
+    /// Its generation when captured (the "revision" shown in status).
+    pub source_generation: u64,
+    /// The full object.
+    pub object: T,
+}
+
+impl<T> Captured<T> {
+    /// `(kind, name, generation)`: what identifies the revision.
+    pub fn revision(&self) -> (Kind, String, u64) {
+        (self.kind, self.name.clone(), self.source_generation)
+    }
+}
+
+/// What a VMI run started from: compared against the current spec for RestartRequired.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StartedSpec {
+    /// `spec.template.spec` at launch (firmware identity included).
+    pub template_spec: Option<VmiSpec>,
+    /// The instancetype revision at launch.
+    pub instancetype: Option<(Kind, String, u64)>,
+    /// The preference revision at launch.
+    pub preference: Option<(Kind, String, u64)>,
+}
+
+/// One VMI run of the VM.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VmiRun {
+    /// The VMI's uid (new for every run).
+    pub uid: Uuid,
+    /// Last observed phase.
+    pub phase: VmiPhase,
+    /// Node it was scheduled on.
+    pub node: Option<String>,
+    /// Reason of the last phase observation (`Unschedulable`, …).
+    pub reason: Option<String>,
+    /// Message of the last phase observation.
+    pub message: Option<String>,
+    /// Whether it ever reached Running.
+    pub reached_running: bool,
+    /// Started paused.
+    pub paused: bool,
+    /// When it was launched (ms since the epoch).
+    pub launched_at_ms: i64,
+    /// The VM generation it was launched from.
+    pub vm_generation: u64,
+    /// The spec it was launched from.
+    pub started: StartedSpec,
+}
+
+/// Lifecycle state of a VM.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunState {
+    /// The current (or last, if kept) VMI.
+    pub vmi: Option<VmiRun>,
+    /// A start request is pending (Manual, RerunOnFailure, restarts).
+    pub start_requested: bool,
+    /// The pending start asked for a paused VM.
+    pub start_paused: bool,
+    /// A stop was requested for this VMI.
+    pub stop_requested_for: Option<Uuid>,
+    /// The stop is part of a restart: start again afterwards.
+    pub restart_requested: bool,
+    /// VMIs in a row that ended before reaching Running.
+    pub consecutive_failures: u32,
+    /// No new VMI before this time (crash-loop backoff).
+    pub backoff_until_ms: Option<i64>,
+    /// VMIs launched so far.
+    pub launches: u64,
+}
+
+/// The folded state of a `vm/<ns>/<name>` stream.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct VmState {
+    /// Events folded (the stream revision this state reflects).
+    pub revision: u64,
+    /// Object changes so far in this stream (creations and edits, including run-strategy
+    /// changes made by start/stop): `metadata.generation`. Captures, firmware assignments
+    /// that accompany an edit, and VMI lifecycle events do not count.
+    pub generation: u64,
+    /// Never / Live / Deleted.
+    pub existence: Existence,
+    /// uid of the current (or last) life of the name.
+    pub uid: Option<Uuid>,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// How the current life began.
+    pub origin: Option<CreateOrigin>,
+    /// The stored object (effective firmware identity included).
+    pub vm: Option<VirtualMachine>,
+    /// The effective firmware identity.
+    pub firmware: Option<FirmwareIdentity>,
+    /// The captured instancetype.
+    pub instancetype: Option<Captured<Instancetype>>,
+    /// The captured preference.
+    pub preference: Option<Captured<Preference>>,
+    /// VMI runs and requests.
+    pub run: RunState,
+    /// Events whose embedded JSON could not be read (should stay 0; `verify` reports them).
+    pub unreadable_events: u64,
+}
+
+impl VmState {
+    /// Whether a VM lives under this name.
+    pub fn is_live(&self) -> bool {
+        self.existence == Existence::Live
+    }
+
+    /// The stream this state belongs to.
+    pub fn stream(&self) -> String {
+        streams::vm(&self.namespace, &self.name)
+    }
+
+    /// The run strategy of the stored VM (`running: true|false` mapped to Always/Halted).
+    pub fn run_strategy(&self) -> Option<RunStrategy> {
+        self.vm.as_ref().and_then(lifecycle::run_strategy_of)
+    }
+
+    /// The current VMI if it has not ended.
+    pub fn active_vmi(&self) -> Option<&VmiRun> {
+        self.run.vmi.as_ref().filter(|v| !v.phase.is_final())
+    }
+
+    /// The VM fully rendered with its captured instancetype and preference.
+    pub fn expand(&self) -> Result<VirtualMachine, Rejection> {
+        let vm = self.vm.as_ref().ok_or_else(|| {
+            Rejection::not_found("", codes::NOT_FOUND, "VirtualMachine not found")
+        })?;
+        instancetype::expand(
+            vm,
+            self.instancetype.as_ref().map(|c| &c.object.spec),
+            self.preference.as_ref().map(|c| &c.object.spec),
+        )
+    }
+}
+
+/// Create or update input: the manifest plus the referenced objects the gateway loaded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PutVm {
+    /// The VirtualMachine manifest.
+    pub vm: VirtualMachine,
+    /// `Apply` or `Import` (import keeps KubeVirt's legacy UUID for VMs without one).
+    pub origin: CreateOrigin,
+    /// If set, the object's generation must be this (else Conflict with the actual one).
+    pub expected_generation: Option<u64>,
+    /// The referenced instancetype, as loaded by the gateway. Needed when the VM is created or
+    /// its reference changes ([`needs`] tells which); ignored otherwise.
+    pub instancetype: Option<Instancetype>,
+    /// The referenced preference, likewise.
+    pub preference: Option<Preference>,
+}
+
+impl PutVm {
+    /// An `apply` of `vm` with nothing resolved.
+    pub fn new(vm: VirtualMachine) -> Self {
+        PutVm {
+            vm,
+            origin: CreateOrigin::Apply,
+            expected_generation: None,
+            instancetype: None,
+            preference: None,
+        }
+    }
+}
+
+/// What a VMI was observed doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmiObservation {
+    /// Placed on a node.
+    Scheduled {
+        /// The node.
+        node: String,
+    },
+    /// Seen in a phase.
+    Phase {
+        /// The phase.
+        phase: VmiPhase,
+        /// Reason (`Unschedulable`, `Shutdown`, `Crashed`, …).
+        reason: Option<String>,
+        /// Message.
+        message: Option<String>,
+    },
+    /// The VMI object is gone.
+    Removed,
+}
+
+/// Commands on a VM stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VmCommand {
+    /// Create; AlreadyExists if a VM lives under the name.
+    Create(Box<PutVm>),
+    /// Update; NotFound if no VM lives under the name.
+    Update(Box<PutVm>),
+    /// Create or update (`vmplane apply` / `import`).
+    Apply(Box<PutVm>),
+    /// Delete.
+    Delete {
+        /// If set, must match the generation.
+        expected_generation: Option<u64>,
+    },
+    /// `vmplane start` (KubeVirt's start subresource).
+    Start {
+        /// Start paused.
+        paused: bool,
+    },
+    /// `vmplane stop`.
+    Stop,
+    /// `vmplane restart`.
+    Restart,
+    /// The reconciler creates a VMI ([`crate::lifecycle::desired_action`] said `Launch`).
+    LaunchVmi,
+    /// The reconciler saw the VMI do something.
+    ObserveVmi {
+        /// Which VMI.
+        vmi_uid: Uuid,
+        /// What it did.
+        observation: VmiObservation,
+    },
+}
+
+/// Which referenced objects the gateway must load for `vm` given the current state: those
+/// whose reference is new or changed (unchanged references use the captured revision).
+pub fn needs(state: &VmState, vm: &VirtualMachine) -> instancetype::References {
+    let refs = references(vm);
+    let live = state.is_live();
+    let same_it = live
+        && state
+            .instancetype
+            .as_ref()
+            .map(|c| (c.kind, c.name.clone()))
+            == refs.instancetype;
+    let same_pref =
+        live && state.preference.as_ref().map(|c| (c.kind, c.name.clone())) == refs.preference;
+    instancetype::References {
+        instancetype: if same_it { None } else { refs.instancetype },
+        preference: if same_pref { None } else { refs.preference },
+    }
+}
+
+/// Decides a command against the state. Pure: time and ids come from `ctx`.
+pub fn decide(state: &VmState, command: &VmCommand, ctx: &mut Ctx) -> Result<Decision, Rejection> {
+    match command {
+        VmCommand::Create(p) => {
+            if state.is_live() {
+                return Err(already_exists(state));
+            }
+            put(state, p, ctx)
+        }
+        VmCommand::Update(p) => {
+            if !state.is_live() {
+                return Err(not_found(state));
+            }
+            put(state, p, ctx)
+        }
+        VmCommand::Apply(p) => put(state, p, ctx),
+        VmCommand::Delete {
+            expected_generation,
+        } => delete(state, *expected_generation),
+        VmCommand::Start { paused } => start(state, *paused),
+        VmCommand::Stop => stop(state),
+        VmCommand::Restart => restart(state),
+        VmCommand::LaunchVmi => launch(state, ctx),
+        VmCommand::ObserveVmi {
+            vmi_uid,
+            observation,
+        } => observe(state, *vmi_uid, observation, ctx),
+    }
+}
+
+/// Folds one event into the state. Total: never fails, never judges.
+pub fn evolve(mut s: VmState, event: &Event) -> VmState {
+    s.revision += 1;
+    match event {
+        Event::VmCreated(e) => {
+            s.existence = Existence::Live;
+            s.generation += 1;
+            s.uid = Some(e.uid);
+            s.namespace.clone_from(&e.namespace);
+            s.name.clone_from(&e.name);
+            s.origin = Some(e.origin);
+            s.vm = parse_json(&e.manifest_json, &mut s.unreadable_events);
+            s.firmware = Some(FirmwareIdentity {
+                uuid: e.firmware_uuid,
+                serial: e.firmware_serial.clone(),
+                origin: e.firmware_origin,
+            });
+            s.instancetype = None;
+            s.preference = None;
+            s.run = RunState::default();
+        }
+        Event::VmSpecEdited(e) => {
+            s.generation += 1;
+            if let Some(vm) =
+                parse_json::<VirtualMachine>(&e.manifest_json, &mut s.unreadable_events)
+            {
+                if vm.spec.instancetype.is_none() {
+                    s.instancetype = None;
+                }
+                if vm.spec.preference.is_none() {
+                    s.preference = None;
+                }
+                s.vm = Some(vm);
+            }
+        }
+        Event::FirmwareUuidAssigned(e) => {
+            s.firmware = Some(FirmwareIdentity {
+                uuid: e.uuid,
+                serial: e.serial.clone(),
+                origin: e.origin,
+            });
+        }
+        Event::InstancetypeRevisionCaptured(e) => {
+            s.instancetype = captured(e, &mut s.unreadable_events);
+        }
+        Event::PreferenceRevisionCaptured(e) => {
+            s.preference = captured(e, &mut s.unreadable_events);
+        }
+        Event::VmDeleted(_) => {
+            s.existence = Existence::Deleted;
+            s.run.start_requested = false;
+            s.run.restart_requested = false;
+        }
+        Event::VmStartRequested(e) => {
+            s.run.start_paused = e.paused;
+            if let Some(rs) = &e.run_strategy_after {
+                set_run_strategy(&mut s, rs);
+            } else {
+                s.run.start_requested = true;
+            }
+        }
+        Event::VmStopRequested(e) => {
+            s.run.stop_requested_for = e.vmi_uid;
+            s.run.start_requested = false;
+            s.run.restart_requested = false;
+            if let Some(rs) = &e.run_strategy_after {
+                set_run_strategy(&mut s, rs);
+            }
+        }
+        Event::VmRestartRequested(e) => {
+            s.run.stop_requested_for = Some(e.vmi_uid);
+            s.run.restart_requested = true;
+        }
+        Event::VmiLaunched(e) => {
+            s.run.vmi = Some(VmiRun {
+                uid: e.vmi_uid,
+                phase: VmiPhase::Pending,
+                node: None,
+                reason: None,
+                message: None,
+                reached_running: false,
+                paused: e.paused,
+                launched_at_ms: e.at_ms,
+                vm_generation: e.vm_generation,
+                started: started_spec(&s),
+            });
+            s.run.start_requested = false;
+            s.run.start_paused = false;
+            s.run.restart_requested = false;
+            s.run.stop_requested_for = None;
+            s.run.backoff_until_ms = None;
+            s.run.launches += 1;
+        }
+        Event::VmiScheduled(e) => {
+            if let Some(v) = s.run.vmi.as_mut().filter(|v| v.uid == e.vmi_uid) {
+                v.node = Some(e.node.clone());
+                if !v.phase.is_final() && v.phase < VmiPhase::Scheduled {
+                    v.phase = VmiPhase::Scheduled;
+                }
+            }
+        }
+        Event::VmiPhaseObserved(e) => {
+            if let Some(v) = s.run.vmi.as_mut().filter(|v| v.uid == e.vmi_uid) {
+                v.phase = e.phase;
+                v.reason.clone_from(&e.reason);
+                v.message.clone_from(&e.message);
+                if e.phase == VmiPhase::Running {
+                    v.reached_running = true;
+                    s.run.consecutive_failures = 0;
+                    s.run.backoff_until_ms = None;
+                }
+            }
+        }
+        Event::VmiRemoved(e) => {
+            if let Some(v) = s.run.vmi.take_if(|v| v.uid == e.vmi_uid) {
+                let rerun = v.phase == VmiPhase::Failed
+                    && s.run_strategy() == Some(RunStrategy::RerunOnFailure)
+                    && s.run.stop_requested_for != Some(v.uid);
+                if s.run.restart_requested || rerun {
+                    s.run.start_requested = true;
+                }
+                s.run.restart_requested = false;
+                s.run.stop_requested_for = None;
+            }
+        }
+        Event::VmStartBackoffScheduled(e) => {
+            s.run.consecutive_failures = e.consecutive_failures;
+            s.run.backoff_until_ms = Some(e.retry_at_ms);
+        }
+        // Events of other streams never reach a VM stream; folding one changes nothing.
+        Event::VmiCreated(_)
+        | Event::VmiDeleted(_)
+        | Event::ObjectCreated(_)
+        | Event::ObjectUpdated(_)
+        | Event::ObjectDeleted(_) => {}
+    }
+    s
+}
+
+/// Folds a whole stream.
+pub fn fold<'a>(events: impl IntoIterator<Item = &'a Event>) -> VmState {
+    events.into_iter().fold(VmState::default(), evolve)
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(text: &str, unreadable: &mut u64) -> Option<T> {
+    match serde_json::from_str(text) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            *unreadable += 1;
+            None
+        }
+    }
+}
+
+fn captured<T: serde::de::DeserializeOwned>(
+    e: &RevisionCaptured,
+    unreadable: &mut u64,
+) -> Option<Captured<T>> {
+    let object = parse_json(&e.object_json, unreadable)?;
+    let kind = Kind::ALL.into_iter().find(|k| k.as_str() == e.kind)?;
+    Some(Captured {
+        kind,
+        name: e.name.clone(),
+        source_uid: e.source_uid.clone(),
+        source_generation: e.source_generation,
+        object,
+    })
+}
+
+fn started_spec(s: &VmState) -> StartedSpec {
+    StartedSpec {
+        template_spec: s.vm.as_ref().and_then(|v| v.vmi_spec().cloned()),
+        instancetype: s.instancetype.as_ref().map(Captured::revision),
+        preference: s.preference.as_ref().map(Captured::revision),
+    }
+}
+
+fn set_run_strategy(s: &mut VmState, rs: &str) {
+    if let Some(vm) = s.vm.as_mut() {
+        if vm.spec.running.is_some() {
+            vm.spec.running = Some(rs == "Always");
+        } else {
+            vm.spec.run_strategy = Some(rs.to_owned());
+        }
+        s.generation += 1;
+    }
+}
+
+fn already_exists(s: &VmState) -> Rejection {
+    Rejection::one(
+        Category::AlreadyExists,
+        Cause::new(
+            "metadata.name",
+            codes::ALREADY_EXISTS,
+            format!("virtualmachines.kubevirt.io \"{}\" already exists", s.name),
+        ),
+    )
+}
+
+fn not_found(s: &VmState) -> Rejection {
+    Rejection::not_found(
+        "metadata.name",
+        codes::NOT_FOUND,
+        format!("virtualmachines.kubevirt.io \"{}\" not found", s.name),
+    )
+}
+
+fn check_generation(s: &VmState, expected: Option<u64>) -> Result<(), Rejection> {
+    match expected {
+        Some(g) if g != s.generation => Err(Rejection::conflict(g, s.generation)),
+        _ => Ok(()),
+    }
+}
+
+/// The gateway's rejection when the store refused a firmware-UUID claim (row 7).
+impl Rejection {
+    /// `AlreadyExists`, naming the stream that holds the UUID.
+    pub fn firmware_uuid_taken(uuid: &str, holder: &str) -> Rejection {
+        Rejection::one(
+            Category::AlreadyExists,
+            Cause::new(
+                "spec.template.spec.domain.firmware.uuid",
+                codes::FIRMWARE_UUID_TAKEN,
+                format!("firmware UUID {uuid} is already used by {holder}"),
+            ),
+        )
+    }
+}
+
+fn resolve<T: Clone>(
+    wanted: Option<&(Kind, String)>,
+    current: Option<&Captured<T>>,
+    provided: Option<&T>,
+    provided_id: impl Fn(&T) -> (Option<Kind>, String),
+    field: &str,
+    code: &'static str,
+    c: &mut Causes,
+) -> (Option<T>, bool) {
+    let Some((kind, name)) = wanted else {
+        return (None, false);
+    };
+    if let Some(cur) = current
+        && cur.kind == *kind
+        && &cur.name == name
+    {
+        return (Some(cur.object.clone()), false);
+    }
+    match provided {
+        Some(obj) if provided_id(obj) == (Some(*kind), name.clone()) => (Some(obj.clone()), true),
+        _ => {
+            c.push(
+                Category::NotFound,
+                Cause::new(
+                    field,
+                    code,
+                    format!(
+                        "{}.instancetype.kubevirt.io \"{name}\" not found",
+                        kind.as_str().to_ascii_lowercase() + "s"
+                    ),
+                ),
+            );
+            (None, false)
+        }
+    }
+}
+
+fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection> {
+    check_generation(state, p.expected_generation)?;
+    let mut vm = p.vm.clone();
+    defaults::normalize_vm(&mut vm);
+    let name = vm.metadata.name.clone().unwrap_or_default();
+    let namespace = vm.metadata.namespace.clone().unwrap_or_default();
+    if state.existence != Existence::Never && (name != state.name || namespace != state.namespace) {
+        return Err(Rejection::invalid(
+            "metadata.name",
+            codes::NAME_MISMATCH,
+            format!(
+                "manifest names {namespace}/{name}, but the stream is {}",
+                state.stream()
+            ),
+        ));
+    }
+    let live = state.is_live();
+    // Row 6: a manifest without a UUID (or serial) keeps the effective one.
+    if live && let Some(fw) = &state.firmware {
+        let f = vm.firmware_mut();
+        if f.uuid.is_none() {
+            f.uuid = Some(fw.uuid.to_string());
+        }
+        if f.serial.is_none() {
+            f.serial.clone_from(&fw.serial);
+        }
+    }
+
+    let mut c = Causes::new();
+    if let Err(r) = validate::vm(&vm) {
+        c.extend(r);
+    }
+    let refs = references(&vm);
+    let id = |k: &str, api: &str, n: &Option<String>| {
+        (Kind::from_api(api, k), n.clone().unwrap_or_default())
+    };
+    let (it, it_new) = resolve(
+        refs.instancetype.as_ref(),
+        state.instancetype.as_ref().filter(|_| live),
+        p.instancetype.as_ref(),
+        |o: &Instancetype| id(&o.kind, &o.api_version, &o.metadata.name),
+        "spec.instancetype.name",
+        codes::INSTANCETYPE_NOT_FOUND,
+        &mut c,
+    );
+    let (pref, pref_new) = resolve(
+        refs.preference.as_ref(),
+        state.preference.as_ref().filter(|_| live),
+        p.preference.as_ref(),
+        |o: &Preference| id(&o.kind, &o.api_version, &o.metadata.name),
+        "spec.preference.name",
+        codes::PREFERENCE_NOT_FOUND,
+        &mut c,
+    );
+    if c.is_empty()
+        && let Err(r) = instancetype::check(
+            &vm,
+            it.as_ref().map(|o| &o.spec),
+            pref.as_ref().map(|o| &o.spec),
+        )
+    {
+        c.extend(r);
+    }
+    c.finish()?;
+
+    let mut em = Emitter::new(state.clone(), evolve);
+    let stream = streams::vm(&namespace, &name);
+    if live {
+        let before = state
+            .vm
+            .as_ref()
+            .map(serde_json::to_value)
+            .and_then(Result::ok);
+        let after = serde_json::to_value(&vm).ok();
+        if before == after && !it_new && !pref_new {
+            return Ok(Decision::unchanged());
+        }
+        let json = to_json(&vm);
+        if before != after {
+            em.emit(Event::VmSpecEdited(VmSpecEdited {
+                manifest_json: json,
+            }));
+        }
+        let fw = vm.firmware().cloned().unwrap_or_default();
+        let uuid = fw
+            .uuid
+            .as_deref()
+            .and_then(|u| uuid::Uuid::parse_str(u).ok());
+        if let (Some(cur), Some(new_uuid)) = (&state.firmware, uuid)
+            && (cur.uuid != new_uuid || cur.serial != fw.serial)
+        {
+            let origin = if cur.uuid != new_uuid {
+                FirmwareOrigin::UserSpecified
+            } else {
+                cur.origin
+            };
+            em.emit(Event::FirmwareUuidAssigned(FirmwareUuidAssigned {
+                uuid: new_uuid,
+                serial: fw.serial.clone(),
+                origin,
+                previous: Some(cur.uuid),
+            }));
+            if cur.uuid != new_uuid {
+                em.claim(Claim::Release {
+                    key: claim_key(&cur.uuid),
+                    owner: stream.clone(),
+                });
+                em.claim(Claim::Acquire {
+                    key: claim_key(&new_uuid),
+                    owner: stream.clone(),
+                });
+            }
+        }
+    } else {
+        let uid = ctx.new_uuid_v4();
+        let given = vm
+            .firmware()
+            .and_then(|f| f.uuid.as_deref())
+            .and_then(|u| uuid::Uuid::parse_str(u).ok());
+        let (fw_uuid, fw_origin) = match (given, p.origin) {
+            (Some(u), _) => (u, FirmwareOrigin::UserSpecified),
+            (None, CreateOrigin::Import) => (legacy_firmware_uuid(&name), FirmwareOrigin::Legacy),
+            (None, _) => (ctx.new_uuid_v4(), FirmwareOrigin::Generated),
+        };
+        let serial = match (vm.firmware().and_then(|f| f.serial.clone()), p.origin) {
+            (Some(s), _) => Some(s),
+            // An imported VM never had a serial: inventing one would change what its guest sees.
+            (None, CreateOrigin::Import) => None,
+            (None, _) => Some(ctx.new_uuid_v4().to_string()),
+        };
+        let f = vm.firmware_mut();
+        f.uuid = Some(fw_uuid.to_string());
+        f.serial.clone_from(&serial);
+        em.emit(Event::VmCreated(VmCreated {
+            uid,
+            namespace: namespace.clone(),
+            name: name.clone(),
+            origin: p.origin,
+            manifest_json: to_json(&vm),
+            firmware_uuid: fw_uuid,
+            firmware_serial: serial,
+            firmware_origin: fw_origin,
+        }));
+        em.claim(Claim::Acquire {
+            key: claim_key(&fw_uuid),
+            owner: stream.clone(),
+        });
+    }
+    if it_new && let Some(o) = &it {
+        em.emit(Event::InstancetypeRevisionCaptured(revision_captured(
+            &o.kind,
+            &o.metadata,
+            to_json(o),
+        )));
+    }
+    if pref_new && let Some(o) = &pref {
+        em.emit(Event::PreferenceRevisionCaptured(revision_captured(
+            &o.kind,
+            &o.metadata,
+            to_json(o),
+        )));
+    }
+    Ok(em.finish(if live {
+        Outcome::Configured
+    } else {
+        Outcome::Created
+    }))
+}
+
+fn revision_captured(
+    kind: &str,
+    meta: &crate::types::ObjectMeta,
+    object_json: String,
+) -> RevisionCaptured {
+    RevisionCaptured {
+        kind: kind.to_owned(),
+        name: meta.name_str().to_owned(),
+        source_uid: meta.uid.clone(),
+        source_generation: meta
+            .generation
+            .and_then(|g| u64::try_from(g).ok())
+            .unwrap_or(0),
+        object_json,
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    // Typed objects with string keys always serialize.
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+fn delete(state: &VmState, expected: Option<u64>) -> Result<Decision, Rejection> {
+    if !state.is_live() {
+        return Err(not_found(state));
+    }
+    check_generation(state, expected)?;
+    let mut em = Emitter::new(state.clone(), evolve);
+    em.emit(Event::VmDeleted(VmDeleted {
+        uid: state.uid.unwrap_or_default(),
+    }));
+    if let Some(fw) = &state.firmware {
+        em.claim(Claim::Release {
+            key: claim_key(&fw.uuid),
+            owner: state.stream(),
+        });
+    }
+    Ok(em.finish(Outcome::Deleted))
+}
+
+fn live_strategy(state: &VmState) -> Result<RunStrategy, Rejection> {
+    if !state.is_live() {
+        return Err(not_found(state));
+    }
+    state.run_strategy().ok_or_else(|| {
+        Rejection::precondition(codes::RUN_STRATEGY_INVALID, "VM has no valid run strategy")
+    })
+}
+
+/// KubeVirt's start subresource rules (kubevirt.md §4.1).
+fn start(state: &VmState, paused: bool) -> Result<Decision, Rejection> {
+    let rs = live_strategy(state)?;
+    if state.active_vmi().is_some() {
+        return Err(Rejection::precondition(
+            codes::START_NOT_ALLOWED,
+            "VM is already running",
+        ));
+    }
+    let last_failed = state
+        .run
+        .vmi
+        .as_ref()
+        .is_some_and(|v| v.phase == VmiPhase::Failed);
+    let event = match rs {
+        RunStrategy::Always | RunStrategy::Once => {
+            return Err(Rejection::precondition(
+                codes::START_NOT_ALLOWED,
+                format!("{} does not support manual start requests", rs.as_str()),
+            ));
+        }
+        RunStrategy::RerunOnFailure if last_failed => {
+            return Err(Rejection::precondition(
+                codes::START_NOT_ALLOWED,
+                "RerunOnFailure does not support starting VM from failed state",
+            ));
+        }
+        RunStrategy::Halted => VmStartRequested {
+            paused,
+            run_strategy_after: Some(RunStrategy::Always.as_str().to_owned()),
+        },
+        RunStrategy::Manual | RunStrategy::RerunOnFailure => VmStartRequested {
+            paused,
+            run_strategy_after: None,
+        },
+    };
+    let mut em = Emitter::new(state.clone(), evolve);
+    em.emit(Event::VmStartRequested(event));
+    Ok(em.finish(Outcome::Recorded))
+}
+
+/// KubeVirt's stop subresource rules.
+fn stop(state: &VmState) -> Result<Decision, Rejection> {
+    let rs = live_strategy(state)?;
+    let active = state.active_vmi().map(|v| v.uid);
+    let event = match rs {
+        RunStrategy::Always | RunStrategy::Once => VmStopRequested {
+            vmi_uid: active,
+            run_strategy_after: Some(RunStrategy::Halted.as_str().to_owned()),
+        },
+        RunStrategy::Halted | RunStrategy::Manual | RunStrategy::RerunOnFailure => match active {
+            None => {
+                return Err(Rejection::precondition(
+                    codes::STOP_NOT_ALLOWED,
+                    "VM is not running",
+                ));
+            }
+            Some(uid)
+                if state.run.stop_requested_for == Some(uid) && !state.run.restart_requested =>
+            {
+                return Ok(Decision::unchanged());
+            }
+            Some(uid) => VmStopRequested {
+                vmi_uid: Some(uid),
+                run_strategy_after: None,
+            },
+        },
+    };
+    let mut em = Emitter::new(state.clone(), evolve);
+    em.emit(Event::VmStopRequested(event));
+    Ok(em.finish(Outcome::Recorded))
+}
+
+/// KubeVirt's restart subresource rules.
+fn restart(state: &VmState) -> Result<Decision, Rejection> {
+    let rs = live_strategy(state)?;
+    match rs {
+        RunStrategy::Halted => {
+            return Err(Rejection::precondition(
+                codes::RESTART_NOT_ALLOWED,
+                "Halted does not support manual restart requests",
+            ));
+        }
+        RunStrategy::Once => {
+            return Err(Rejection::precondition(
+                codes::RESTART_NOT_ALLOWED,
+                "RunStategy Once does not support manual restart requests",
+            ));
+        }
+        _ => {}
+    }
+    let Some(vmi) = state.active_vmi() else {
+        return Err(Rejection::precondition(
+            codes::RESTART_NOT_ALLOWED,
+            "VM is not running",
+        ));
+    };
+    let mut em = Emitter::new(state.clone(), evolve);
+    em.emit(Event::VmRestartRequested(VmRestartRequested {
+        vmi_uid: vmi.uid,
+    }));
+    Ok(em.finish(Outcome::Recorded))
+}
+
+fn launch(state: &VmState, ctx: &mut Ctx) -> Result<Decision, Rejection> {
+    let action = lifecycle::desired_action(state, ctx.now_ms());
+    if action != DesiredAction::Launch {
+        return Err(Rejection::precondition(
+            codes::LAUNCH_NOT_WANTED,
+            format!("no VMI should be launched now (desired: {action:?})"),
+        ));
+    }
+    state.expand()?;
+    let mut em = Emitter::new(state.clone(), evolve);
+    em.emit(Event::VmiLaunched(VmiLaunched {
+        vmi_uid: ctx.new_uuid_v4(),
+        vm_generation: state.generation,
+        paused: state.run.start_paused,
+        at_ms: ctx.now_ms(),
+    }));
+    Ok(em.finish(Outcome::Recorded))
+}
+
+fn observe(
+    state: &VmState,
+    vmi_uid: Uuid,
+    obs: &VmiObservation,
+    ctx: &mut Ctx,
+) -> Result<Decision, Rejection> {
+    let Some(vmi) = state.run.vmi.as_ref().filter(|v| v.uid == vmi_uid) else {
+        return Err(Rejection::precondition(
+            codes::STALE_OBSERVATION,
+            format!("VMI {vmi_uid} is not the VM's current VMI"),
+        ));
+    };
+    let now = ctx.now_ms();
+    let mut em = Emitter::new(state.clone(), evolve);
+    match obs {
+        VmiObservation::Removed => em.emit(Event::VmiRemoved(VmiRemoved {
+            vmi_uid,
+            at_ms: now,
+        })),
+        VmiObservation::Scheduled { node } => {
+            if vmi.phase.is_final() {
+                return Err(stale_final(vmi));
+            }
+            if vmi.node.as_deref() == Some(node) && vmi.phase >= VmiPhase::Scheduled {
+                return Ok(Decision::unchanged());
+            }
+            em.emit(Event::VmiScheduled(VmiScheduled {
+                vmi_uid,
+                node: node.clone(),
+                at_ms: now,
+            }));
+        }
+        VmiObservation::Phase {
+            phase,
+            reason,
+            message,
+        } => {
+            if *phase == vmi.phase && *reason == vmi.reason && *message == vmi.message {
+                return Ok(Decision::unchanged());
+            }
+            if vmi.phase.is_final() {
+                return Err(stale_final(vmi));
+            }
+            if *phase < vmi.phase && *phase != VmiPhase::Unknown && vmi.phase != VmiPhase::Unknown {
+                return Err(Rejection::precondition(
+                    codes::STALE_OBSERVATION,
+                    format!(
+                        "VMI {vmi_uid} cannot go back from {} to {}",
+                        vmi.phase.as_str(),
+                        phase.as_str()
+                    ),
+                ));
+            }
+            em.emit(Event::VmiPhaseObserved(VmiPhaseObserved {
+                vmi_uid,
+                phase: *phase,
+                reason: reason.clone(),
+                message: message.clone(),
+                at_ms: now,
+            }));
+            let counts = matches!(
+                state.run_strategy(),
+                Some(RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Once)
+            );
+            let stopped_on_purpose = state.run.stop_requested_for == Some(vmi_uid);
+            if phase.is_final() && !vmi.reached_running && counts && !stopped_on_purpose {
+                let failures = state.run.consecutive_failures.saturating_add(1);
+                let delay_ms = lifecycle::backoff_delay_ms(failures, ctx);
+                em.emit(Event::VmStartBackoffScheduled(VmStartBackoffScheduled {
+                    consecutive_failures: failures,
+                    retry_at_ms: now.saturating_add(delay_ms),
+                }));
+            }
+        }
+    }
+    Ok(em.finish(Outcome::Recorded))
+}
+
+fn stale_final(vmi: &VmiRun) -> Rejection {
+    Rejection::precondition(
+        codes::STALE_OBSERVATION,
+        format!(
+            "VMI {} already ended ({}); final phases are sticky",
+            vmi.uid,
+            vmi.phase.as_str()
+        ),
+    )
+}

@@ -1,0 +1,261 @@
+//! Rejections: why a command changed nothing, with every cause and its field path.
+
+use std::fmt;
+
+/// What kind of failure a rejection is; the gateway maps it to a gRPC code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Category {
+    /// The input is malformed or breaks a rule (gRPC `InvalidArgument`).
+    Invalid,
+    /// The object (or one it references) does not exist (`NotFound`).
+    NotFound,
+    /// The object, or a unique value it claims, exists already (`AlreadyExists`).
+    AlreadyExists,
+    /// The client's expected generation is not the current one (`Aborted`).
+    Conflict,
+    /// The object is not in a state that allows the request (`FailedPrecondition`, KubeVirt's 409s).
+    FailedPrecondition,
+    /// The input is over a size limit (`ResourceExhausted`).
+    ResourceExhausted,
+}
+
+impl Category {
+    /// The gRPC status code name this category maps to.
+    pub fn grpc_code_name(self) -> &'static str {
+        match self {
+            Category::Invalid => "InvalidArgument",
+            Category::NotFound => "NotFound",
+            Category::AlreadyExists => "AlreadyExists",
+            Category::Conflict => "Aborted",
+            Category::FailedPrecondition => "FailedPrecondition",
+            Category::ResourceExhausted => "ResourceExhausted",
+        }
+    }
+}
+
+/// One problem: where, a stable machine code, and a human reason (KubeVirt's wording where it
+/// has one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    /// JSON path of the offending field, e.g. `spec.template.spec.domain.memory.guest`
+    /// (empty when the problem concerns the whole object).
+    pub field: String,
+    /// Stable reason code clients can match on, e.g. `FIRMWARE_UUID_TAKEN`.
+    pub code: &'static str,
+    /// What is wrong, for people.
+    pub reason: String,
+}
+
+impl Cause {
+    /// A cause at `field` with `code` and `reason`.
+    pub fn new(field: impl Into<String>, code: &'static str, reason: impl Into<String>) -> Self {
+        Cause {
+            field: field.into(),
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}", self.reason)
+        } else {
+            write!(f, "{}: {}", self.field, self.reason)
+        }
+    }
+}
+
+/// A command refused: nothing is appended. Carries every cause found, not just the first.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Rejection {
+    /// The category of the first (most important) cause.
+    pub category: Category,
+    /// Every problem found, in field order where that applies.
+    pub causes: Vec<Cause>,
+    /// For [`Category::Conflict`]: the object's actual generation.
+    pub actual_generation: Option<u64>,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.causes.iter().map(ToString::to_string).collect();
+        f.write_str(&parts.join("; "))
+    }
+}
+
+impl Rejection {
+    /// A rejection with one cause.
+    pub fn one(category: Category, cause: Cause) -> Self {
+        Rejection {
+            category,
+            causes: vec![cause],
+            actual_generation: None,
+        }
+    }
+
+    /// A rejection with many causes (must not be empty).
+    pub fn many(category: Category, causes: Vec<Cause>) -> Self {
+        debug_assert!(!causes.is_empty());
+        Rejection {
+            category,
+            causes,
+            actual_generation: None,
+        }
+    }
+
+    /// Invalid input at `field`.
+    pub fn invalid(
+        field: impl Into<String>,
+        code: &'static str,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::one(Category::Invalid, Cause::new(field, code, reason))
+    }
+
+    /// A state-based refusal (KubeVirt's 409s).
+    pub fn precondition(code: &'static str, reason: impl Into<String>) -> Self {
+        Self::one(Category::FailedPrecondition, Cause::new("", code, reason))
+    }
+
+    /// The object does not exist.
+    pub fn not_found(
+        field: impl Into<String>,
+        code: &'static str,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self::one(Category::NotFound, Cause::new(field, code, reason))
+    }
+
+    /// The expected generation is not the actual one.
+    pub fn conflict(expected: u64, actual: u64) -> Self {
+        Rejection {
+            category: Category::Conflict,
+            causes: vec![Cause::new(
+                "metadata.generation",
+                codes::GENERATION_CONFLICT,
+                format!(
+                    "the object has been modified: expected generation {expected}, actual {actual}"
+                ),
+            )],
+            actual_generation: Some(actual),
+        }
+    }
+
+    /// Whether any cause has `code`.
+    pub fn has_code(&self, code: &str) -> bool {
+        self.causes.iter().any(|c| c.code == code)
+    }
+
+    /// The codes of all causes, in order.
+    pub fn codes(&self) -> Vec<&'static str> {
+        self.causes.iter().map(|c| c.code).collect()
+    }
+}
+
+/// Collects causes during validation; turns into a [`Rejection`] if any were found.
+#[derive(Debug, Default)]
+pub struct Causes {
+    category: Option<Category>,
+    causes: Vec<Cause>,
+}
+
+impl Causes {
+    /// An empty collector.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Adds an `Invalid` cause.
+    pub fn invalid(
+        &mut self,
+        field: impl Into<String>,
+        code: &'static str,
+        reason: impl Into<String>,
+    ) {
+        self.push(Category::Invalid, Cause::new(field, code, reason));
+    }
+    /// Adds a cause of any category; the rejection takes the first category seen.
+    pub fn push(&mut self, category: Category, cause: Cause) {
+        self.category.get_or_insert(category);
+        self.causes.push(cause);
+    }
+    /// Adds every cause of another rejection.
+    pub fn extend(&mut self, r: Rejection) {
+        self.category.get_or_insert(r.category);
+        self.causes.extend(r.causes);
+    }
+    /// Whether nothing was found.
+    pub fn is_empty(&self) -> bool {
+        self.causes.is_empty()
+    }
+    /// `Ok(())` when empty, else the rejection with every cause.
+    pub fn finish(self) -> Result<(), Rejection> {
+        match self.category {
+            None => Ok(()),
+            Some(category) => Err(Rejection::many(category, self.causes)),
+        }
+    }
+}
+
+/// Stable machine reason codes.
+pub mod codes {
+    /// A required field is missing.
+    pub const REQUIRED: &str = "FIELD_REQUIRED";
+    /// A value is not allowed.
+    pub const INVALID_VALUE: &str = "FIELD_VALUE_INVALID";
+    /// A value repeats where names must be unique.
+    pub const DUPLICATE: &str = "FIELD_VALUE_DUPLICATE";
+    /// A list or string is over a limit.
+    pub const TOO_MANY: &str = "FIELD_VALUE_TOO_LONG";
+    /// A reference names nothing.
+    pub const NOT_FOUND_REF: &str = "FIELD_REFERENCE_NOT_FOUND";
+    /// Not a Kubernetes quantity.
+    pub const BAD_QUANTITY: &str = "QUANTITY_INVALID";
+    /// The manifest could not be parsed.
+    pub const PARSE: &str = "MANIFEST_PARSE_ERROR";
+    /// The manifest is over a size or shape limit.
+    pub const MANIFEST_TOO_LARGE: &str = "MANIFEST_TOO_LARGE";
+    /// Unknown apiVersion/kind.
+    pub const UNKNOWN_KIND: &str = "KIND_UNKNOWN";
+    /// A kind vmplane parses but does not manage.
+    pub const UNSUPPORTED_KIND: &str = "KIND_NOT_SUPPORTED";
+    /// The firmware UUID is held by another live VM.
+    pub const FIRMWARE_UUID_TAKEN: &str = "FIRMWARE_UUID_TAKEN";
+    /// The firmware UUID is not a UUID.
+    pub const FIRMWARE_UUID_INVALID: &str = "FIRMWARE_UUID_INVALID";
+    /// `running` and `runStrategy` are both set.
+    pub const RUNNING_AND_RUN_STRATEGY: &str = "RUNNING_AND_RUN_STRATEGY_EXCLUSIVE";
+    /// Neither `running` nor `runStrategy`.
+    pub const RUN_STRATEGY_REQUIRED: &str = "RUN_STRATEGY_REQUIRED";
+    /// Unknown or unsupported run strategy.
+    pub const RUN_STRATEGY_INVALID: &str = "RUN_STRATEGY_INVALID";
+    /// A VM field conflicts with the instancetype.
+    pub const INSTANCETYPE_CONFLICT: &str = "INSTANCETYPE_CONFLICT";
+    /// The referenced instancetype was not provided/found.
+    pub const INSTANCETYPE_NOT_FOUND: &str = "INSTANCETYPE_NOT_FOUND";
+    /// The referenced preference was not provided/found.
+    pub const PREFERENCE_NOT_FOUND: &str = "PREFERENCE_NOT_FOUND";
+    /// A preference requirement is not met.
+    pub const PREFERENCE_REQUIREMENT: &str = "PREFERENCE_REQUIREMENT_NOT_MET";
+    /// The object exists already.
+    pub const ALREADY_EXISTS: &str = "ALREADY_EXISTS";
+    /// The object does not exist.
+    pub const NOT_FOUND: &str = "NOT_FOUND";
+    /// Expected generation mismatch.
+    pub const GENERATION_CONFLICT: &str = "GENERATION_CONFLICT";
+    /// metadata.name/namespace in the manifest differ from the command's target.
+    pub const NAME_MISMATCH: &str = "NAME_MISMATCH";
+    /// A start request KubeVirt would refuse with 409.
+    pub const START_NOT_ALLOWED: &str = "START_NOT_ALLOWED";
+    /// A stop request KubeVirt would refuse with 409.
+    pub const STOP_NOT_ALLOWED: &str = "STOP_NOT_ALLOWED";
+    /// A restart request KubeVirt would refuse with 409.
+    pub const RESTART_NOT_ALLOWED: &str = "RESTART_NOT_ALLOWED";
+    /// An observation about a VMI that is not the current one, or impossible in its phase.
+    pub const STALE_OBSERVATION: &str = "VMI_OBSERVATION_STALE";
+    /// The reconciler asked to launch a VMI when none is wanted.
+    pub const LAUNCH_NOT_WANTED: &str = "VMI_LAUNCH_NOT_WANTED";
+    /// A feature vmplane does not implement.
+    pub const UNSUPPORTED: &str = "NOT_SUPPORTED";
+}

@@ -1,0 +1,174 @@
+//! Events: past-tense facts, each with a stable type name and schema version.
+//!
+//! [`Event`] is what `decide` emits and `evolve` folds; its variants hold the *current*
+//! version of each frozen payload ([`payload`]). [`encode`] / [`decode`] turn events into and
+//! out of `(type name, version, rkyv bytes)`; `decode` upcasts old versions.
+
+pub mod payload;
+mod registry;
+
+pub use payload::{CreateOrigin, FirmwareOrigin, VmiPhase};
+pub use registry::{
+    DecodeError, EVENT_TYPES, EncodedEvent, decode, encode, encode_vm_created_v1, validate_payload,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Current payload of `VmCreated`.
+pub type VmCreated = payload::VmCreatedV2;
+/// Current payload of `VmSpecEdited`.
+pub type VmSpecEdited = payload::VmSpecEditedV1;
+/// Current payload of `FirmwareUuidAssigned`.
+pub type FirmwareUuidAssigned = payload::FirmwareUuidAssignedV1;
+/// Current payload of `InstancetypeRevisionCaptured` and `PreferenceRevisionCaptured`.
+pub type RevisionCaptured = payload::RevisionCapturedV1;
+/// Current payload of `VmDeleted`.
+pub type VmDeleted = payload::VmDeletedV1;
+/// Current payload of `VmStartRequested`.
+pub type VmStartRequested = payload::VmStartRequestedV1;
+/// Current payload of `VmStopRequested`.
+pub type VmStopRequested = payload::VmStopRequestedV1;
+/// Current payload of `VmRestartRequested`.
+pub type VmRestartRequested = payload::VmRestartRequestedV1;
+/// Current payload of `VmiLaunched`.
+pub type VmiLaunched = payload::VmiLaunchedV1;
+/// Current payload of `VmiScheduled`.
+pub type VmiScheduled = payload::VmiScheduledV1;
+/// Current payload of `VmiPhaseObserved`.
+pub type VmiPhaseObserved = payload::VmiPhaseObservedV1;
+/// Current payload of `VmiRemoved`.
+pub type VmiRemoved = payload::VmiRemovedV1;
+/// Current payload of `VmStartBackoffScheduled`.
+pub type VmStartBackoffScheduled = payload::VmStartBackoffScheduledV1;
+/// Current payload of `VmiCreated`.
+pub type VmiCreated = payload::VmiCreatedV1;
+/// Current payload of `VmiDeleted`.
+pub type VmiDeleted = payload::VmiDeletedV1;
+/// Current payload of `ObjectCreated`.
+pub type ObjectCreated = payload::ObjectCreatedV1;
+/// Current payload of `ObjectUpdated`.
+pub type ObjectUpdated = payload::ObjectUpdatedV1;
+/// Current payload of `ObjectDeleted`.
+pub type ObjectDeleted = payload::ObjectDeletedV1;
+
+/// Every fact vmplane records. The serde form (`{"type": "...", "data": {...}}`) is for
+/// watch/audit output; the log holds the rkyv form from [`encode`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum Event {
+    /// A VM was created (stream `vm/<ns>/<name>`).
+    VmCreated(VmCreated),
+    /// A VM's stored object changed.
+    VmSpecEdited(VmSpecEdited),
+    /// A VM's firmware identity changed after creation.
+    FirmwareUuidAssigned(FirmwareUuidAssigned),
+    /// A VM captured its instancetype.
+    InstancetypeRevisionCaptured(RevisionCaptured),
+    /// A VM captured its preference.
+    PreferenceRevisionCaptured(RevisionCaptured),
+    /// A VM was deleted.
+    VmDeleted(VmDeleted),
+    /// A start request was accepted.
+    VmStartRequested(VmStartRequested),
+    /// A stop request was accepted.
+    VmStopRequested(VmStopRequested),
+    /// A restart request was accepted.
+    VmRestartRequested(VmRestartRequested),
+    /// A VMI run of a VM began.
+    VmiLaunched(VmiLaunched),
+    /// A VMI was scheduled on a node (VM or standalone stream).
+    VmiScheduled(VmiScheduled),
+    /// A VMI phase was observed (VM or standalone stream).
+    VmiPhaseObserved(VmiPhaseObserved),
+    /// A VM's VMI object was removed.
+    VmiRemoved(VmiRemoved),
+    /// A crash-loop backoff was scheduled.
+    VmStartBackoffScheduled(VmStartBackoffScheduled),
+    /// A standalone VMI was created (stream `vmi/<ns>/<name>`).
+    VmiCreated(VmiCreated),
+    /// A standalone VMI was deleted.
+    VmiDeleted(VmiDeleted),
+    /// A simple object was created (instancetype, preference, snapshot, …).
+    ObjectCreated(ObjectCreated),
+    /// A simple object changed.
+    ObjectUpdated(ObjectUpdated),
+    /// A simple object was deleted.
+    ObjectDeleted(ObjectDeleted),
+}
+
+impl Event {
+    /// The stable type name in the envelope.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Event::VmCreated(_) => "VmCreated",
+            Event::VmSpecEdited(_) => "VmSpecEdited",
+            Event::FirmwareUuidAssigned(_) => "FirmwareUuidAssigned",
+            Event::InstancetypeRevisionCaptured(_) => "InstancetypeRevisionCaptured",
+            Event::PreferenceRevisionCaptured(_) => "PreferenceRevisionCaptured",
+            Event::VmDeleted(_) => "VmDeleted",
+            Event::VmStartRequested(_) => "VmStartRequested",
+            Event::VmStopRequested(_) => "VmStopRequested",
+            Event::VmRestartRequested(_) => "VmRestartRequested",
+            Event::VmiLaunched(_) => "VmiLaunched",
+            Event::VmiScheduled(_) => "VmiScheduled",
+            Event::VmiPhaseObserved(_) => "VmiPhaseObserved",
+            Event::VmiRemoved(_) => "VmiRemoved",
+            Event::VmStartBackoffScheduled(_) => "VmStartBackoffScheduled",
+            Event::VmiCreated(_) => "VmiCreated",
+            Event::VmiDeleted(_) => "VmiDeleted",
+            Event::ObjectCreated(_) => "ObjectCreated",
+            Event::ObjectUpdated(_) => "ObjectUpdated",
+            Event::ObjectDeleted(_) => "ObjectDeleted",
+        }
+    }
+
+    /// The schema version [`encode`] writes for this event.
+    pub fn schema_version(&self) -> u16 {
+        match self {
+            Event::VmCreated(_) => 2,
+            _ => 1,
+        }
+    }
+
+    /// A one-line summary for history and audit output.
+    pub fn summary(&self) -> String {
+        match self {
+            Event::VmCreated(e) => format!(
+                "created {}/{} (firmware {} {})",
+                e.namespace,
+                e.name,
+                e.firmware_uuid,
+                e.firmware_origin.as_str()
+            ),
+            Event::VmSpecEdited(_) => "spec edited".to_owned(),
+            Event::FirmwareUuidAssigned(e) => {
+                format!("firmware UUID {} ({})", e.uuid, e.origin.as_str())
+            }
+            Event::InstancetypeRevisionCaptured(e) => format!(
+                "captured instancetype {}/{} generation {}",
+                e.kind, e.name, e.source_generation
+            ),
+            Event::PreferenceRevisionCaptured(e) => format!(
+                "captured preference {}/{} generation {}",
+                e.kind, e.name, e.source_generation
+            ),
+            Event::VmDeleted(_) => "deleted".to_owned(),
+            Event::VmStartRequested(_) => "start requested".to_owned(),
+            Event::VmStopRequested(_) => "stop requested".to_owned(),
+            Event::VmRestartRequested(_) => "restart requested".to_owned(),
+            Event::VmiLaunched(e) => format!("VMI {} launched", e.vmi_uid),
+            Event::VmiScheduled(e) => format!("VMI {} scheduled on {}", e.vmi_uid, e.node),
+            Event::VmiPhaseObserved(e) => format!("VMI {} {}", e.vmi_uid, e.phase.as_str()),
+            Event::VmiRemoved(e) => format!("VMI {} removed", e.vmi_uid),
+            Event::VmStartBackoffScheduled(e) => format!(
+                "crash loop: {} failures, retry at {} ms",
+                e.consecutive_failures, e.retry_at_ms
+            ),
+            Event::VmiCreated(e) => format!("created VMI {}/{}", e.namespace, e.name),
+            Event::VmiDeleted(_) => "deleted".to_owned(),
+            Event::ObjectCreated(e) => format!("created {} {}", e.kind, e.name),
+            Event::ObjectUpdated(_) => "updated".to_owned(),
+            Event::ObjectDeleted(_) => "deleted".to_owned(),
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Frozen event payloads, one struct per `(event type, schema version)`.
+//!
+//! **Never change a struct here once it can be in a log**: its rkyv layout is the on-disk
+//! format. To change an event, add `FooV2` beside `FooV1`, point [`super::Event`] at the new
+//! one, and upcast the old one in `registry.rs`. Golden bytes for every version live in
+//! `core/tests/golden/` and fail a test on any accidental layout change.
+//!
+//! KubeVirt's schema is huge and open, so specs travel inside payloads as canonical JSON text
+//! (`*_json` fields, serde_json with key order preserved): freezing the whole KubeVirt schema
+//! in rkyv would freeze KubeVirt's API too.
+
+use rkyv::{Archive, Deserialize as RDeserialize, Serialize as RSerialize};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+macro_rules! payload {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq, Archive, RSerialize, RDeserialize, Serialize, Deserialize)]
+        pub struct $name { $($(#[$fm])* pub $field: $ty),* }
+    };
+}
+
+/// Where a VM's firmware UUID came from (`status.firmwareUUIDOrigin`). Frozen: append new
+/// variants at the end only.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Archive,
+    RSerialize,
+    RDeserialize,
+    Serialize,
+    Deserialize,
+)]
+#[rkyv(derive(Debug))]
+pub enum FirmwareOrigin {
+    /// Random v4, assigned by vmplane at creation (row 1).
+    Generated,
+    /// Given in the manifest (rows 2, 5).
+    UserSpecified,
+    /// KubeVirt's name-derived v5 (rows 4, 9).
+    Legacy,
+    /// Taken from a snapshot (rows 9, 10).
+    Restored,
+    /// A clone's new identity (row 11).
+    Cloned,
+}
+
+impl FirmwareOrigin {
+    /// The word shown in `status.firmwareUUIDOrigin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FirmwareOrigin::Generated => "Generated",
+            FirmwareOrigin::UserSpecified => "UserSpecified",
+            FirmwareOrigin::Legacy => "Legacy",
+            FirmwareOrigin::Restored => "Restored",
+            FirmwareOrigin::Cloned => "Cloned",
+        }
+    }
+}
+
+/// How a VM came to be. Frozen: append new variants at the end only.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Archive,
+    RSerialize,
+    RDeserialize,
+    Serialize,
+    Deserialize,
+)]
+#[rkyv(derive(Debug))]
+pub enum CreateOrigin {
+    /// `apply` / create.
+    Apply,
+    /// `import` from a KubeVirt cluster: no UUID means KubeVirt's legacy one (row 4).
+    Import,
+    /// Created by a restore into a new name.
+    Restore,
+    /// Created by a clone.
+    Clone,
+}
+
+/// A VMI phase (KubeVirt's). Frozen: append new variants at the end only.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Archive,
+    RSerialize,
+    RDeserialize,
+    Serialize,
+    Deserialize,
+)]
+#[rkyv(derive(Debug))]
+pub enum VmiPhase {
+    /// Accepted, nothing scheduled yet.
+    Pending,
+    /// Being placed on a node.
+    Scheduling,
+    /// Placed on a node; the domain is being defined.
+    Scheduled,
+    /// The domain runs (or is paused).
+    Running,
+    /// Ended cleanly (final).
+    Succeeded,
+    /// Ended badly (final).
+    Failed,
+    /// The hypervisor lost track of it.
+    Unknown,
+}
+
+impl VmiPhase {
+    /// Succeeded or Failed: final phases are sticky.
+    pub fn is_final(self) -> bool {
+        matches!(self, VmiPhase::Succeeded | VmiPhase::Failed)
+    }
+    /// KubeVirt's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmiPhase::Pending => "Pending",
+            VmiPhase::Scheduling => "Scheduling",
+            VmiPhase::Scheduled => "Scheduled",
+            VmiPhase::Running => "Running",
+            VmiPhase::Succeeded => "Succeeded",
+            VmiPhase::Failed => "Failed",
+            VmiPhase::Unknown => "Unknown",
+        }
+    }
+}
+
+payload! {
+    /// `VmCreated` v1 — from before firmware UUIDs were persisted. Upcast to v2 with KubeVirt's
+    /// legacy UUID (origin `Legacy`).
+    VmCreatedV1 { uid: Uuid, namespace: String, name: String, manifest_json: String }
+}
+
+payload! {
+    /// `VmCreated` v2 — a VM was created (or a deleted name created again, with a new uid).
+    /// `manifest_json` is the stored object with the effective firmware UUID and serial in
+    /// `spec.template.spec.domain.firmware`; `firmware_*` repeat them for indexes.
+    VmCreatedV2 {
+        uid: Uuid,
+        namespace: String,
+        name: String,
+        origin: CreateOrigin,
+        manifest_json: String,
+        firmware_uuid: Uuid,
+        firmware_serial: Option<String>,
+        firmware_origin: FirmwareOrigin,
+    }
+}
+
+payload! {
+    /// `VmSpecEdited` v1 — the stored object changed (spec, labels, annotations); the full new
+    /// object, firmware identity included.
+    VmSpecEditedV1 { manifest_json: String }
+}
+
+payload! {
+    /// `FirmwareUuidAssigned` v1 — the firmware identity changed after creation (row 5: the user
+    /// edited the UUID or serial). Takes effect at the next start.
+    FirmwareUuidAssignedV1 { uuid: Uuid, serial: Option<String>, origin: FirmwareOrigin, previous: Option<Uuid> }
+}
+
+payload! {
+    /// `InstancetypeRevisionCaptured` v1 / `PreferenceRevisionCaptured` v1 — the full referenced
+    /// object as the VM captured it (at creation, or when the user changed the reference).
+    RevisionCapturedV1 { kind: String, name: String, source_uid: Option<String>, source_generation: u64, object_json: String }
+}
+
+payload! {
+    /// `VmDeleted` v1 — the VM was deleted; its name is free, its firmware UUID released.
+    VmDeletedV1 { uid: Uuid }
+}
+
+payload! {
+    /// `VmStartRequested` v1 — a start request was accepted. `run_strategy_after` is set when
+    /// the request changes the run strategy (Halted → Always, as KubeVirt patches it).
+    VmStartRequestedV1 { paused: bool, run_strategy_after: Option<String> }
+}
+
+payload! {
+    /// `VmStopRequested` v1 — a stop request was accepted (for the VMI `vmi_uid` if one ran);
+    /// `run_strategy_after` is set when it changes the run strategy (Always/Once → Halted).
+    VmStopRequestedV1 { vmi_uid: Option<Uuid>, run_strategy_after: Option<String> }
+}
+
+payload! {
+    /// `VmRestartRequested` v1 — a restart was accepted: stop VMI `vmi_uid`, then start anew.
+    VmRestartRequestedV1 { vmi_uid: Uuid }
+}
+
+payload! {
+    /// `VmiLaunched` v1 — a VMI run of the VM began (the reconciler is creating it). The VM's
+    /// spec at this revision is "the spec of the last start".
+    VmiLaunchedV1 { vmi_uid: Uuid, vm_generation: u64, paused: bool, at_ms: i64 }
+}
+
+payload! {
+    /// `VmiScheduled` v1 — the VMI was placed on `node`.
+    VmiScheduledV1 { vmi_uid: Uuid, node: String, at_ms: i64 }
+}
+
+payload! {
+    /// `VmiPhaseObserved` v1 — the hypervisor was seen with the VMI in `phase`.
+    VmiPhaseObservedV1 { vmi_uid: Uuid, phase: VmiPhase, reason: Option<String>, message: Option<String>, at_ms: i64 }
+}
+
+payload! {
+    /// `VmiRemoved` v1 — the VMI object of a VM run is gone (after it ended or was stopped).
+    VmiRemovedV1 { vmi_uid: Uuid, at_ms: i64 }
+}
+
+payload! {
+    /// `VmStartBackoffScheduled` v1 — a VMI failed before it ever ran; the next start waits
+    /// until `retry_at_ms` (KubeVirt's crash-loop backoff).
+    VmStartBackoffScheduledV1 { consecutive_failures: u32, retry_at_ms: i64 }
+}
+
+payload! {
+    /// `VmiCreated` v1 — a standalone VMI (no VM) was created.
+    VmiCreatedV1 {
+        uid: Uuid,
+        namespace: String,
+        name: String,
+        manifest_json: String,
+        firmware_uuid: Uuid,
+        firmware_origin: FirmwareOrigin,
+    }
+}
+
+payload! {
+    /// `VmiDeleted` v1 — a standalone VMI was deleted.
+    VmiDeletedV1 { uid: Uuid }
+}
+
+payload! {
+    /// `ObjectCreated` v1 — an instancetype, preference, snapshot, restore, clone or KubeVirt
+    /// config object was created.
+    ObjectCreatedV1 { kind: String, uid: Uuid, namespace: Option<String>, name: String, manifest_json: String }
+}
+
+payload! {
+    /// `ObjectUpdated` v1 — such an object changed (full new object).
+    ObjectUpdatedV1 { manifest_json: String }
+}
+
+payload! {
+    /// `ObjectDeleted` v1 — such an object was deleted.
+    ObjectDeletedV1 { uid: Uuid }
+}

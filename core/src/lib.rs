@@ -1,0 +1,93 @@
+//! # vmplane-core
+//!
+//! vmplane's pure domain. The event log is the source of truth; this crate says what may be
+//! appended to it and what the events mean.
+//!
+//! ## What core owns
+//!
+//! * **Types** in KubeVirt's shape ([`types`]): VirtualMachine, VirtualMachineInstance,
+//!   instancetypes and preferences (namespaced and cluster), KubeVirt, snapshot, restore,
+//!   clone — parsed from YAML/JSON with every unknown field kept, behind size and shape limits
+//!   ([`limits`], [`types::parse_manifests`]); exact [`quantity::Quantity`]s.
+//! * **Commands, events and decisions**: per aggregate ([`aggregate`]),
+//!   `decide(&state, &command, &mut ctx) -> Result<Decision, Rejection>` and
+//!   `evolve(state, &event) -> state`. A [`Decision`] carries the events, the cross-stream
+//!   uniqueness [`Claim`]s the store enforces atomically with the append (one live VM per
+//!   firmware UUID), and the [`Outcome`] (`created|configured|unchanged|…`).
+//! * **Event encoding** ([`event`]): frozen, versioned rkyv payloads, a registry
+//!   ([`event::encode`], [`event::decode`] with upcasting, [`event::validate_payload`]).
+//! * **Validation** ([`validate`]) collecting every cause with its field path, separate from
+//!   **defaulting** ([`defaults`]); typed [`Rejection`]s with stable codes and a [`Category`]
+//!   that maps to gRPC.
+//! * **Firmware UUID rules** ([`firmware`], semantics.md §1), **instancetype expansion**
+//!   ([`instancetype`]), and **lifecycle/status** as pure functions of state ([`lifecycle`]:
+//!   `desired_action`, `printable_status`, `conditions`, `render`).
+//!
+//! ## Main types, in reading order
+//!
+//! [`Ctx`] → [`types::Manifest`] / [`types::VirtualMachine`] → [`VmCommand`] →
+//! [`vm::decide`] → [`Decision`] (with [`Event`]s and [`Claim`]s) or [`Rejection`] →
+//! [`vm::evolve`] → [`VmState`] → [`lifecycle::render`] / [`lifecycle::desired_action`].
+//!
+//! ## Streams and claims
+//!
+//! `vm/<ns>/<name>` (a VM and its VMI runs), `vmi/<ns>/<name>` (standalone VMIs),
+//! `instancetype/<ns>/<name>`, `clusterinstancetype/<name>`, `preference/<ns>/<name>`,
+//! `clusterpreference/<name>`, `snapshot|restore|clone/<ns>/<name>`, `cluster/config`
+//! ([`decision::streams`]). Claim keys: `firmware-uuid/<uuid>`, owned by the stream name.
+//!
+//! ## What core must never do
+//!
+//! No I/O, no clock, no randomness except through [`Ctx`], no tokio, sled or tonic. A
+//! command's effect depends only on the state, the command and the ctx, so a seed replays any
+//! scenario exactly. Nothing from outside can make it panic.
+//!
+//! ## Example
+//!
+//! ```
+//! use vmplane_core::{Ctx, Outcome, PutVm, VmCommand, VmState, types, vm};
+//!
+//! let yaml = br#"
+//! apiVersion: kubevirt.io/v1
+//! kind: VirtualMachine
+//! metadata: {name: testvm, namespace: default}
+//! spec:
+//!   runStrategy: Halted
+//!   template:
+//!     spec:
+//!       domain: {memory: {guest: 128Mi}, devices: {}}
+//! "#;
+//! let types::Manifest::VirtualMachine(manifest) = types::parse_manifest(yaml).unwrap() else {
+//!     unreachable!()
+//! };
+//! let mut ctx = Ctx::at_secs(1_700_000_000, 42);
+//! let state = VmState::default(); // the gateway folds the stream with vm::evolve
+//! let decision = vm::decide(&state, &VmCommand::Create(Box::new(PutVm::new(*manifest))), &mut ctx).unwrap();
+//! assert_eq!(decision.outcome, Outcome::Created);
+//! assert_eq!(decision.claims.len(), 1); // firmware-uuid/<random v4>, owned by vm/default/testvm
+//! let state = decision.events.iter().fold(state, vm::evolve);
+//! assert_eq!(state.generation, 1);
+//! ```
+
+pub mod aggregate;
+pub mod ctx;
+pub mod decision;
+pub mod defaults;
+pub mod error;
+pub mod event;
+pub mod firmware;
+pub mod instancetype;
+pub mod lifecycle;
+pub mod limits;
+pub mod quantity;
+pub mod types;
+pub mod validate;
+
+pub use aggregate::object::{self, ObjectCommand, ObjectState};
+pub use aggregate::vm::{self, PutVm, VmCommand, VmState, VmiObservation};
+pub use aggregate::vmi::{self, VmiCommand, VmiState};
+pub use ctx::Ctx;
+pub use decision::{Claim, Decision, Outcome, streams};
+pub use error::{Category, Cause, Rejection, codes};
+pub use event::{DecodeError, EncodedEvent, Event, decode, encode, validate_payload};
+pub use quantity::Quantity;

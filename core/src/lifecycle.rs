@@ -1,0 +1,394 @@
+//! Lifecycle as pure functions of a [`VmState`]: run strategies, what the reconciler should do
+//! ([`desired_action`]), crash-loop backoff, `printableStatus`, conditions and the rendered
+//! object. Status is never stored; projections call these.
+
+use serde_json::{Value, json};
+
+use crate::aggregate::vm::{Existence, VmState};
+use crate::ctx::Ctx;
+use crate::event::VmiPhase;
+use crate::limits::{CRASH_LOOP_BACKOFF_SECONDS_MAX, CRASH_LOOP_BACKOFF_SECONDS_MIN};
+use crate::types::VirtualMachine;
+
+/// KubeVirt's run strategies (WaitAsReceiver is not supported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunStrategy {
+    /// A VMI must always exist; restarted when it ends.
+    Always,
+    /// Restarted only when it fails.
+    RerunOnFailure,
+    /// Only start/stop requests act.
+    Manual,
+    /// No VMI.
+    Halted,
+    /// Run once; never restarted.
+    Once,
+}
+
+impl RunStrategy {
+    /// Parses KubeVirt's word.
+    pub fn parse(s: &str) -> Option<RunStrategy> {
+        Some(match s {
+            "Always" => RunStrategy::Always,
+            "RerunOnFailure" => RunStrategy::RerunOnFailure,
+            "Manual" => RunStrategy::Manual,
+            "Halted" => RunStrategy::Halted,
+            "Once" => RunStrategy::Once,
+            _ => return None,
+        })
+    }
+    /// KubeVirt's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStrategy::Always => "Always",
+            RunStrategy::RerunOnFailure => "RerunOnFailure",
+            RunStrategy::Manual => "Manual",
+            RunStrategy::Halted => "Halted",
+            RunStrategy::Once => "Once",
+        }
+    }
+}
+
+/// A VM's run strategy: `runStrategy`, or legacy `running: true` ≡ Always, `false` ≡ Halted.
+pub fn run_strategy_of(vm: &VirtualMachine) -> Option<RunStrategy> {
+    match (&vm.spec.run_strategy, vm.spec.running) {
+        (Some(s), _) => RunStrategy::parse(s),
+        (None, Some(true)) => Some(RunStrategy::Always),
+        (None, Some(false)) => Some(RunStrategy::Halted),
+        (None, None) => None,
+    }
+}
+
+/// What the reconciler should do for a VM now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DesiredAction {
+    /// Nothing to do.
+    Nothing,
+    /// Create a VMI (then record it with [`crate::aggregate::vm::VmCommand::LaunchVmi`]).
+    Launch,
+    /// Stop the running VMI.
+    Stop {
+        /// Which VMI.
+        vmi_uid: uuid::Uuid,
+    },
+    /// Remove the ended VMI (a new one may follow).
+    Remove {
+        /// Which VMI.
+        vmi_uid: uuid::Uuid,
+    },
+    /// A VMI should run but crash-loop backoff holds it until then.
+    WaitBackoff {
+        /// ms since the epoch.
+        until_ms: i64,
+    },
+}
+
+/// What should happen next, per run strategy, requests and backoff (kubevirt.md §4.1).
+pub fn desired_action(s: &VmState, now_ms: i64) -> DesiredAction {
+    let vmi = s.run.vmi.as_ref();
+    if s.existence != Existence::Live {
+        return match vmi {
+            Some(v) if !v.phase.is_final() => DesiredAction::Stop { vmi_uid: v.uid },
+            Some(v) => DesiredAction::Remove { vmi_uid: v.uid },
+            None => DesiredAction::Nothing,
+        };
+    }
+    let Some(rs) = s.run_strategy() else {
+        return DesiredAction::Nothing;
+    };
+    if let Some(v) = vmi {
+        if !v.phase.is_final() {
+            let stop = rs == RunStrategy::Halted || s.run.stop_requested_for == Some(v.uid);
+            return if stop {
+                DesiredAction::Stop { vmi_uid: v.uid }
+            } else {
+                DesiredAction::Nothing
+            };
+        }
+        let remove = s.run.restart_requested
+            || match rs {
+                RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Halted => true,
+                RunStrategy::Manual => s.run.start_requested,
+                RunStrategy::Once => false,
+            };
+        return if remove {
+            DesiredAction::Remove { vmi_uid: v.uid }
+        } else {
+            DesiredAction::Nothing
+        };
+    }
+    let wants_vmi = match rs {
+        RunStrategy::Always => true,
+        RunStrategy::Once => s.run.launches == 0 || s.run.start_requested,
+        RunStrategy::RerunOnFailure | RunStrategy::Manual => s.run.start_requested,
+        RunStrategy::Halted => false,
+    };
+    if !wants_vmi {
+        return DesiredAction::Nothing;
+    }
+    match s.run.backoff_until_ms {
+        Some(until) if until > now_ms && rs != RunStrategy::Manual => {
+            DesiredAction::WaitBackoff { until_ms: until }
+        }
+        _ => DesiredAction::Launch,
+    }
+}
+
+/// KubeVirt's crash-loop backoff after `failures` VMIs in a row ended before running:
+/// `10 s × failures²` plus a random part of up to half of that, capped at 300 s.
+pub fn backoff_delay_ms(failures: u32, ctx: &mut Ctx) -> i64 {
+    let base_s =
+        CRASH_LOOP_BACKOFF_SECONDS_MIN.saturating_mul(i64::from(failures).saturating_pow(2));
+    let base_s = base_s.min(CRASH_LOOP_BACKOFF_SECONDS_MAX);
+    let base_ms = base_s * 1000;
+    let jitter_ms =
+        i64::try_from(ctx.below(u64::try_from(base_ms / 2).unwrap_or(0) + 1)).unwrap_or(0);
+    (base_ms + jitter_ms).min(CRASH_LOOP_BACKOFF_SECONDS_MAX * 1000)
+}
+
+/// KubeVirt's `printableStatus` values vmplane produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrintableStatus {
+    /// No VMI and none expected.
+    Stopped,
+    /// A VMI is on its way.
+    Starting,
+    /// The VMI runs.
+    Running,
+    /// The VMI runs, paused.
+    Paused,
+    /// The VMI is being stopped.
+    Stopping,
+    /// The VM was deleted while its VMI runs.
+    Terminating,
+    /// Crash-loop backoff.
+    CrashLoopBackOff,
+    /// The VMI cannot be scheduled.
+    ErrorUnschedulable,
+    /// None of the above.
+    Unknown,
+}
+
+impl PrintableStatus {
+    /// KubeVirt's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrintableStatus::Stopped => "Stopped",
+            PrintableStatus::Starting => "Starting",
+            PrintableStatus::Running => "Running",
+            PrintableStatus::Paused => "Paused",
+            PrintableStatus::Stopping => "Stopping",
+            PrintableStatus::Terminating => "Terminating",
+            PrintableStatus::CrashLoopBackOff => "CrashLoopBackOff",
+            PrintableStatus::ErrorUnschedulable => "ErrorUnschedulable",
+            PrintableStatus::Unknown => "Unknown",
+        }
+    }
+}
+
+/// `printableStatus`, first match wins in KubeVirt's order (kubevirt.md §4.2).
+pub fn printable_status(s: &VmState, now_ms: i64) -> PrintableStatus {
+    let vmi = s.run.vmi.as_ref();
+    let active = s.active_vmi();
+    let action = desired_action(s, now_ms);
+    if s.existence == Existence::Deleted && active.is_some() {
+        return PrintableStatus::Terminating;
+    }
+    if active.is_some() && matches!(action, DesiredAction::Stop { .. }) {
+        return PrintableStatus::Stopping;
+    }
+    if let Some(v) = active {
+        if v.phase == VmiPhase::Running {
+            return if v.paused {
+                PrintableStatus::Paused
+            } else {
+                PrintableStatus::Running
+            };
+        }
+        if matches!(v.phase, VmiPhase::Pending | VmiPhase::Scheduling)
+            && v.reason.as_deref() == Some("Unschedulable")
+        {
+            return PrintableStatus::ErrorUnschedulable;
+        }
+        if matches!(
+            v.phase,
+            VmiPhase::Pending | VmiPhase::Scheduling | VmiPhase::Scheduled
+        ) {
+            return PrintableStatus::Starting;
+        }
+    }
+    if action == DesiredAction::Launch {
+        return PrintableStatus::Starting;
+    }
+    if matches!(action, DesiredAction::WaitBackoff { .. }) {
+        return PrintableStatus::CrashLoopBackOff;
+    }
+    if vmi.is_none() || vmi.is_some_and(|v| v.phase.is_final()) {
+        return PrintableStatus::Stopped;
+    }
+    PrintableStatus::Unknown
+}
+
+/// KubeVirt's RestartRequired message.
+pub const RESTART_REQUIRED_MESSAGE: &str =
+    "a non-live-updatable field was changed in the template spec";
+
+/// Whether the running VMI's spec differs from the VM's current one: the template spec
+/// (firmware identity included) or the captured instancetype/preference revision. Compared
+/// against the spec of the last start, so an unchanged firmware UUID never raises it.
+/// vmplane has no live updates yet, so every template change counts (KubeVirt's `Stage`).
+pub fn restart_required(s: &VmState) -> bool {
+    let Some(v) = s.active_vmi() else {
+        return false;
+    };
+    let Some(vm) = &s.vm else { return false };
+    v.started.template_spec.as_ref() != vm.vmi_spec()
+        || v.started.instancetype != s.instancetype.as_ref().map(|c| c.revision())
+        || v.started.preference != s.preference.as_ref().map(|c| c.revision())
+}
+
+/// One VM condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// `Ready`, `RestartRequired`, `Failure`, `Paused`.
+    pub kind: &'static str,
+    /// `True` / `False`.
+    pub status: bool,
+    /// Machine reason.
+    pub reason: String,
+    /// Human message.
+    pub message: String,
+}
+
+impl Condition {
+    /// `{type, status, reason, message}` as KubeVirt writes it.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "type": self.kind,
+            "status": if self.status { "True" } else { "False" },
+            "reason": self.reason,
+            "message": self.message,
+        })
+    }
+}
+
+/// The VM's conditions (kubevirt.md §4.3).
+pub fn conditions(s: &VmState, now_ms: i64) -> Vec<Condition> {
+    let mut out = Vec::new();
+    let ready = match s.run.vmi.as_ref() {
+        None => Condition {
+            kind: "Ready",
+            status: false,
+            reason: "VMINotExists".into(),
+            message: "VMI does not exist".into(),
+        },
+        Some(v) if v.phase == VmiPhase::Running => Condition {
+            kind: "Ready",
+            status: true,
+            reason: String::new(),
+            message: String::new(),
+        },
+        Some(v) => Condition {
+            kind: "Ready",
+            status: false,
+            reason: v
+                .reason
+                .clone()
+                .unwrap_or_else(|| format!("VMI{}", v.phase.as_str())),
+            message: v
+                .message
+                .clone()
+                .unwrap_or_else(|| format!("VMI is {}", v.phase.as_str())),
+        },
+    };
+    out.push(ready);
+    if s.active_vmi()
+        .is_some_and(|v| v.paused && v.phase == VmiPhase::Running)
+    {
+        out.push(Condition {
+            kind: "Paused",
+            status: true,
+            reason: "PausedByUser".into(),
+            message: "VMI was paused by user".into(),
+        });
+    }
+    if restart_required(s) {
+        out.push(Condition {
+            kind: "RestartRequired",
+            status: true,
+            reason: String::new(),
+            message: RESTART_REQUIRED_MESSAGE.into(),
+        });
+    }
+    if let DesiredAction::WaitBackoff { until_ms } = desired_action(s, now_ms) {
+        out.push(Condition {
+            kind: "Failure",
+            status: true,
+            reason: "CrashLoopBackOff".into(),
+            message: format!(
+                "{} VMI(s) in a row ended before running; next start in {} s",
+                s.run.consecutive_failures,
+                (until_ms - now_ms).max(0).div_euclid(1000)
+            ),
+        });
+    }
+    out
+}
+
+/// The VM as `get -o yaml` shows it: the stored object (effective firmware UUID in the spec,
+/// row 14) with uid, generation and a derived status. `resourceVersion` (a log position) and
+/// `creationTimestamp` are the caller's to add. `None` if the VM does not exist.
+pub fn render(s: &VmState, now_ms: i64) -> Option<VirtualMachine> {
+    if s.existence != Existence::Live {
+        return None;
+    }
+    let mut vm = s.vm.clone()?;
+    vm.metadata.uid = s.uid.map(|u| u.to_string());
+    vm.metadata.generation = i64::try_from(s.generation).ok();
+    let vmi = s.run.vmi.as_ref();
+    let mut status = serde_json::Map::new();
+    status.insert(
+        "printableStatus".into(),
+        json!(printable_status(s, now_ms).as_str()),
+    );
+    status.insert(
+        "ready".into(),
+        json!(vmi.is_some_and(|v| v.phase == VmiPhase::Running)),
+    );
+    status.insert("created".into(), json!(s.active_vmi().is_some()));
+    if let Some(rs) = s.run_strategy() {
+        status.insert("runStrategy".into(), json!(rs.as_str()));
+    }
+    let conds: Vec<Value> = conditions(s, now_ms)
+        .iter()
+        .map(Condition::to_json)
+        .collect();
+    status.insert("conditions".into(), Value::Array(conds));
+    if let Some(fw) = &s.firmware {
+        status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
+    }
+    if let Some(c) = &s.instancetype {
+        status.insert(
+            "instancetypeRef".into(),
+            json!({"name": c.name, "kind": c.kind.as_str(), "revision": c.source_generation}),
+        );
+    }
+    if let Some(c) = &s.preference {
+        status.insert(
+            "preferenceRef".into(),
+            json!({"name": c.name, "kind": c.kind.as_str(), "revision": c.source_generation}),
+        );
+    }
+    status.insert("desiredGeneration".into(), json!(s.generation));
+    if let Some(v) = vmi {
+        status.insert("observedGeneration".into(), json!(v.vm_generation));
+    }
+    if s.run.consecutive_failures > 0 {
+        status.insert(
+            "startFailure".into(),
+            json!({"consecutiveFailCount": s.run.consecutive_failures, "retryAfterTimestampMs": s.run.backoff_until_ms}),
+        );
+    }
+    vm.status = Some(Value::Object(status));
+    Some(vm)
+}

@@ -1,0 +1,478 @@
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{
+    GenericObject, Instancetype, ObjectMeta, Preference, VirtualMachine, VirtualMachineInstance,
+};
+use crate::error::{Category, Cause, Rejection, codes};
+use crate::limits::{
+    MANIFEST_BYTES_MAX, MANIFEST_DEPTH_MAX, MANIFEST_DOCUMENTS_MAX, MANIFEST_NODES_MAX,
+    MANIFEST_STRING_BYTES_MAX,
+};
+
+/// Every kind vmplane parses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// `kubevirt.io/v1` VirtualMachine.
+    VirtualMachine,
+    /// `kubevirt.io/v1` VirtualMachineInstance.
+    VirtualMachineInstance,
+    /// `instancetype.kubevirt.io/v1beta1` VirtualMachineInstancetype (namespaced).
+    VirtualMachineInstancetype,
+    /// `instancetype.kubevirt.io/v1beta1` VirtualMachineClusterInstancetype.
+    VirtualMachineClusterInstancetype,
+    /// `instancetype.kubevirt.io/v1beta1` VirtualMachinePreference (namespaced).
+    VirtualMachinePreference,
+    /// `instancetype.kubevirt.io/v1beta1` VirtualMachineClusterPreference.
+    VirtualMachineClusterPreference,
+    /// `kubevirt.io/v1` KubeVirt: the cluster configuration.
+    KubeVirt,
+    /// `snapshot.kubevirt.io/v1beta1` VirtualMachineSnapshot.
+    VirtualMachineSnapshot,
+    /// `snapshot.kubevirt.io/v1beta1` VirtualMachineRestore.
+    VirtualMachineRestore,
+    /// `clone.kubevirt.io/v1beta1` VirtualMachineClone.
+    VirtualMachineClone,
+    /// `pool.kubevirt.io/v1beta1` VirtualMachinePool (parsed, not managed).
+    VirtualMachinePool,
+    /// `kubevirt.io/v1` VirtualMachineInstanceReplicaSet (parsed, not managed).
+    VirtualMachineInstanceReplicaSet,
+    /// `kubevirt.io/v1` VirtualMachineInstanceMigration (parsed, not managed).
+    VirtualMachineInstanceMigration,
+}
+
+impl Kind {
+    /// Every kind, in this order.
+    pub const ALL: [Kind; 13] = [
+        Kind::VirtualMachine,
+        Kind::VirtualMachineInstance,
+        Kind::VirtualMachineInstancetype,
+        Kind::VirtualMachineClusterInstancetype,
+        Kind::VirtualMachinePreference,
+        Kind::VirtualMachineClusterPreference,
+        Kind::KubeVirt,
+        Kind::VirtualMachineSnapshot,
+        Kind::VirtualMachineRestore,
+        Kind::VirtualMachineClone,
+        Kind::VirtualMachinePool,
+        Kind::VirtualMachineInstanceReplicaSet,
+        Kind::VirtualMachineInstanceMigration,
+    ];
+
+    /// The `kind` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::VirtualMachine => "VirtualMachine",
+            Kind::VirtualMachineInstance => "VirtualMachineInstance",
+            Kind::VirtualMachineInstancetype => "VirtualMachineInstancetype",
+            Kind::VirtualMachineClusterInstancetype => "VirtualMachineClusterInstancetype",
+            Kind::VirtualMachinePreference => "VirtualMachinePreference",
+            Kind::VirtualMachineClusterPreference => "VirtualMachineClusterPreference",
+            Kind::KubeVirt => "KubeVirt",
+            Kind::VirtualMachineSnapshot => "VirtualMachineSnapshot",
+            Kind::VirtualMachineRestore => "VirtualMachineRestore",
+            Kind::VirtualMachineClone => "VirtualMachineClone",
+            Kind::VirtualMachinePool => "VirtualMachinePool",
+            Kind::VirtualMachineInstanceReplicaSet => "VirtualMachineInstanceReplicaSet",
+            Kind::VirtualMachineInstanceMigration => "VirtualMachineInstanceMigration",
+        }
+    }
+
+    /// The API group.
+    pub fn group(self) -> &'static str {
+        match self {
+            Kind::VirtualMachine
+            | Kind::VirtualMachineInstance
+            | Kind::KubeVirt
+            | Kind::VirtualMachineInstanceReplicaSet
+            | Kind::VirtualMachineInstanceMigration => "kubevirt.io",
+            Kind::VirtualMachineInstancetype
+            | Kind::VirtualMachineClusterInstancetype
+            | Kind::VirtualMachinePreference
+            | Kind::VirtualMachineClusterPreference => "instancetype.kubevirt.io",
+            Kind::VirtualMachineSnapshot | Kind::VirtualMachineRestore => "snapshot.kubevirt.io",
+            Kind::VirtualMachineClone => "clone.kubevirt.io",
+            Kind::VirtualMachinePool => "pool.kubevirt.io",
+        }
+    }
+
+    /// API versions accepted for this kind (the first is the one vmplane writes).
+    pub fn versions(self) -> &'static [&'static str] {
+        match self.group() {
+            "kubevirt.io" => &["v1"],
+            "instancetype.kubevirt.io" => &["v1beta1"],
+            "snapshot.kubevirt.io" => &["v1beta1", "v1alpha1"],
+            "clone.kubevirt.io" => &["v1beta1", "v1alpha1"],
+            _ => &["v1beta1", "v1alpha1"],
+        }
+    }
+
+    /// `group/version` vmplane writes.
+    pub fn api_version(self) -> String {
+        format!("{}/{}", self.group(), self.versions()[0])
+    }
+
+    /// Whether objects of this kind live in a namespace.
+    pub fn namespaced(self) -> bool {
+        !matches!(
+            self,
+            Kind::VirtualMachineClusterInstancetype | Kind::VirtualMachineClusterPreference
+        )
+    }
+
+    /// Whether vmplane manages objects of this kind (has an aggregate for it).
+    pub fn managed(self) -> bool {
+        !matches!(
+            self,
+            Kind::VirtualMachinePool
+                | Kind::VirtualMachineInstanceReplicaSet
+                | Kind::VirtualMachineInstanceMigration
+        )
+    }
+
+    /// The kind for an `apiVersion` and `kind` pair, if vmplane knows it.
+    pub fn from_api(api_version: &str, kind: &str) -> Option<Kind> {
+        let (group, version) = api_version.split_once('/')?;
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == kind && k.group() == group && k.versions().contains(&version))
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Any object vmplane parses, dispatched on `apiVersion` + `kind`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Manifest {
+    /// A VirtualMachine.
+    VirtualMachine(Box<VirtualMachine>),
+    /// A VirtualMachineInstance.
+    VirtualMachineInstance(Box<VirtualMachineInstance>),
+    /// A namespaced or cluster instancetype (see its `kind`).
+    Instancetype(Box<Instancetype>),
+    /// A namespaced or cluster preference (see its `kind`).
+    Preference(Box<Preference>),
+    /// Any other kind vmplane knows (KubeVirt, snapshot, restore, clone, pool, …).
+    Object(Kind, Box<GenericObject>),
+}
+
+/// Why input could not be parsed into manifests.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// The input is larger than [`MANIFEST_BYTES_MAX`]; nothing was parsed.
+    #[error("manifest is {bytes} bytes, more than the limit of {bytes_max} bytes")]
+    TooLarge {
+        /// Size of the input.
+        bytes: usize,
+        /// The limit.
+        bytes_max: usize,
+    },
+    /// More documents than [`MANIFEST_DOCUMENTS_MAX`].
+    #[error("more than {documents_max} documents in one file")]
+    TooManyDocuments {
+        /// The limit.
+        documents_max: usize,
+    },
+    /// A document nests deeper than [`MANIFEST_DEPTH_MAX`], or expands (through YAML aliases)
+    /// to more than [`MANIFEST_NODES_MAX`] nodes, or has an over-long string.
+    #[error("document {document}: {what}")]
+    TooComplex {
+        /// Index of the document (0-based).
+        document: usize,
+        /// What limit was hit.
+        what: String,
+    },
+    /// Not YAML/JSON.
+    #[error("document {document}: {message}")]
+    Syntax {
+        /// Index of the document.
+        document: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// A document without `apiVersion` or `kind`, or not a map.
+    #[error("document {document}: {field}: Required value")]
+    Missing {
+        /// Index of the document.
+        document: usize,
+        /// `apiVersion` or `kind`.
+        field: &'static str,
+    },
+    /// An `apiVersion`/`kind` vmplane does not know.
+    #[error("document {document}: no kind \"{kind}\" is registered for version \"{api_version}\"")]
+    UnknownKind {
+        /// Index of the document.
+        document: usize,
+        /// The apiVersion given.
+        api_version: String,
+        /// The kind given.
+        kind: String,
+    },
+    /// A field of a known kind has the wrong shape.
+    #[error("document {document}: {path}: {message}")]
+    Field {
+        /// Index of the document.
+        document: usize,
+        /// JSON path of the field.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ParseError {
+    /// The field path this error concerns ("" when none).
+    pub fn field(&self) -> String {
+        match self {
+            ParseError::Missing { field, .. } => (*field).to_owned(),
+            ParseError::UnknownKind { .. } => "kind".to_owned(),
+            ParseError::Field { path, .. } => path.clone(),
+            _ => String::new(),
+        }
+    }
+}
+
+impl From<ParseError> for Rejection {
+    fn from(e: ParseError) -> Self {
+        let (category, code) = match &e {
+            ParseError::TooLarge { .. }
+            | ParseError::TooManyDocuments { .. }
+            | ParseError::TooComplex { .. } => {
+                (Category::ResourceExhausted, codes::MANIFEST_TOO_LARGE)
+            }
+            ParseError::UnknownKind { .. } => (Category::Invalid, codes::UNKNOWN_KIND),
+            ParseError::Field { message, .. } if message.contains("is not a quantity") => {
+                (Category::Invalid, codes::BAD_QUANTITY)
+            }
+            _ => (Category::Invalid, codes::PARSE),
+        };
+        let reason = match &e {
+            ParseError::Field { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        Rejection::one(category, Cause::new(e.field(), code, reason))
+    }
+}
+
+/// Parses a YAML or JSON file of one or more documents into raw JSON values, enforcing every
+/// limit: the byte size is checked before anything is parsed; nesting depth, node count (after
+/// alias expansion) and string lengths after. Empty documents are skipped.
+pub fn parse_documents(input: &[u8]) -> Result<Vec<Value>, ParseError> {
+    if input.len() > MANIFEST_BYTES_MAX {
+        return Err(ParseError::TooLarge {
+            bytes: input.len(),
+            bytes_max: MANIFEST_BYTES_MAX,
+        });
+    }
+    let text = std::str::from_utf8(input).map_err(|e| ParseError::Syntax {
+        document: 0,
+        message: format!("not UTF-8: {e}"),
+    })?;
+    let first = text.trim_start().chars().next();
+    let mut docs = Vec::new();
+    if matches!(first, Some('{') | Some('[')) {
+        let mut stream = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        for (i, doc) in stream.by_ref().enumerate() {
+            if i >= MANIFEST_DOCUMENTS_MAX {
+                return Err(ParseError::TooManyDocuments {
+                    documents_max: MANIFEST_DOCUMENTS_MAX,
+                });
+            }
+            let v = doc.map_err(|e| ParseError::Syntax {
+                document: i,
+                message: e.to_string(),
+            })?;
+            check_shape(i, &v)?;
+            docs.push(v);
+        }
+    } else {
+        for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            if i >= MANIFEST_DOCUMENTS_MAX {
+                return Err(ParseError::TooManyDocuments {
+                    documents_max: MANIFEST_DOCUMENTS_MAX,
+                });
+            }
+            let v = Value::deserialize(de).map_err(|e| {
+                let message = e.to_string();
+                if message.contains("recursion limit") || message.contains("repetition limit") {
+                    ParseError::TooComplex {
+                        document: i,
+                        what: message,
+                    }
+                } else {
+                    ParseError::Syntax {
+                        document: i,
+                        message,
+                    }
+                }
+            })?;
+            if v.is_null() {
+                continue;
+            }
+            check_shape(i, &v)?;
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// Parses a YAML or JSON file into typed manifests (see [`parse_documents`] for the limits).
+pub fn parse_manifests(input: &[u8]) -> Result<Vec<Manifest>, ParseError> {
+    parse_documents(input)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| Manifest::from_value_at(i, v))
+        .collect()
+}
+
+/// Parses exactly one manifest.
+pub fn parse_manifest(input: &[u8]) -> Result<Manifest, ParseError> {
+    let mut all = parse_manifests(input)?;
+    match all.len() {
+        1 => Ok(all.remove(0)),
+        n => Err(ParseError::Syntax {
+            document: 0,
+            message: format!("expected one document, found {n}"),
+        }),
+    }
+}
+
+/// Checks depth, node count and string lengths without recursion.
+fn check_shape(document: usize, root: &Value) -> Result<(), ParseError> {
+    let complex = |what: String| ParseError::TooComplex { document, what };
+    let mut nodes = 0usize;
+    let mut stack: Vec<(&Value, usize)> = vec![(root, 1)];
+    while let Some((v, depth)) = stack.pop() {
+        nodes += 1;
+        if nodes > MANIFEST_NODES_MAX {
+            return Err(complex(format!("more than {MANIFEST_NODES_MAX} nodes")));
+        }
+        if depth > MANIFEST_DEPTH_MAX {
+            return Err(complex(format!(
+                "nested deeper than {MANIFEST_DEPTH_MAX} levels"
+            )));
+        }
+        match v {
+            Value::String(s) if s.len() > MANIFEST_STRING_BYTES_MAX => {
+                return Err(complex(format!(
+                    "a string is longer than {MANIFEST_STRING_BYTES_MAX} bytes"
+                )));
+            }
+            Value::Array(items) => stack.extend(items.iter().map(|x| (x, depth + 1))),
+            Value::Object(map) => {
+                for (k, x) in map {
+                    if k.len() > MANIFEST_STRING_BYTES_MAX {
+                        return Err(complex(format!(
+                            "a key is longer than {MANIFEST_STRING_BYTES_MAX} bytes"
+                        )));
+                    }
+                    stack.push((x, depth + 1));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn typed<T: serde::de::DeserializeOwned>(document: usize, v: Value) -> Result<T, ParseError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        ParseError::Field {
+            document,
+            path: if path == "." { String::new() } else { path },
+            message: e.into_inner().to_string(),
+        }
+    })
+}
+
+impl Manifest {
+    /// Dispatches a parsed document on `apiVersion` + `kind`.
+    pub fn from_value(v: Value) -> Result<Manifest, ParseError> {
+        Self::from_value_at(0, v)
+    }
+
+    fn from_value_at(document: usize, v: Value) -> Result<Manifest, ParseError> {
+        let Some(obj) = v.as_object() else {
+            return Err(ParseError::Syntax {
+                document,
+                message: "a manifest must be a map".into(),
+            });
+        };
+        let api_version = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .ok_or(ParseError::Missing {
+                document,
+                field: "apiVersion",
+            })?
+            .to_owned();
+        let kind_str = obj
+            .get("kind")
+            .and_then(Value::as_str)
+            .ok_or(ParseError::Missing {
+                document,
+                field: "kind",
+            })?
+            .to_owned();
+        let kind = Kind::from_api(&api_version, &kind_str).ok_or(ParseError::UnknownKind {
+            document,
+            api_version,
+            kind: kind_str,
+        })?;
+        Ok(match kind {
+            Kind::VirtualMachine => Manifest::VirtualMachine(Box::new(typed(document, v)?)),
+            Kind::VirtualMachineInstance => {
+                Manifest::VirtualMachineInstance(Box::new(typed(document, v)?))
+            }
+            Kind::VirtualMachineInstancetype | Kind::VirtualMachineClusterInstancetype => {
+                Manifest::Instancetype(Box::new(typed(document, v)?))
+            }
+            Kind::VirtualMachinePreference | Kind::VirtualMachineClusterPreference => {
+                Manifest::Preference(Box::new(typed(document, v)?))
+            }
+            other => Manifest::Object(other, Box::new(typed(document, v)?)),
+        })
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Manifest::VirtualMachine(_) => Kind::VirtualMachine,
+            Manifest::VirtualMachineInstance(_) => Kind::VirtualMachineInstance,
+            Manifest::Instancetype(o) => Kind::from_api(&o.api_version, &o.kind)
+                .unwrap_or(Kind::VirtualMachineClusterInstancetype),
+            Manifest::Preference(o) => Kind::from_api(&o.api_version, &o.kind)
+                .unwrap_or(Kind::VirtualMachineClusterPreference),
+            Manifest::Object(k, _) => *k,
+        }
+    }
+
+    /// The metadata.
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Manifest::VirtualMachine(o) => &o.metadata,
+            Manifest::VirtualMachineInstance(o) => &o.metadata,
+            Manifest::Instancetype(o) => &o.metadata,
+            Manifest::Preference(o) => &o.metadata,
+            Manifest::Object(_, o) => &o.metadata,
+        }
+    }
+
+    /// The object as a JSON value, in KubeVirt's shape.
+    pub fn to_value(&self) -> Value {
+        let r = match self {
+            Manifest::VirtualMachine(o) => serde_json::to_value(o),
+            Manifest::VirtualMachineInstance(o) => serde_json::to_value(o),
+            Manifest::Instancetype(o) => serde_json::to_value(o),
+            Manifest::Preference(o) => serde_json::to_value(o),
+            Manifest::Object(_, o) => serde_json::to_value(o),
+        };
+        // Serializing these types to a Value cannot fail: every map key is a string.
+        r.unwrap_or(Value::Null)
+    }
+}

@@ -1,0 +1,133 @@
+//! `vmplane serve`: opens the log, builds the gRPC services and serves them until SIGTERM or
+//! SIGINT.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+
+use crate::cli::{Backend, ServeArgs};
+use crate::pb;
+use crate::services::AdminService;
+
+/// Entry point of `vmplane serve`: sets up logging and a runtime, then serves.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    check_listen_is_allowed(args.listen)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("vmplane-rt")
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(serve(args, shutdown_signal()))
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // A second init (tests calling `run` twice in one process) is harmless.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .try_init();
+}
+
+/// Without authentication, vmplane only listens on loopback: anyone who can reach the port
+/// could otherwise act as the `local` principal.
+fn check_listen_is_allowed(listen: SocketAddr) -> anyhow::Result<()> {
+    if !listen.ip().is_loopback() {
+        bail!(
+            "--listen {listen}: refusing to serve on a non-loopback address without --auth \
+             (every request would act as principal `local`); listen on 127.0.0.1 or ::1"
+        );
+    }
+    Ok(())
+}
+
+/// Opens the log, binds `args.listen`, and serves until `shutdown` completes.
+pub async fn serve(
+    args: ServeArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    check_listen_is_allowed(args.listen)?;
+    let log = open_log(&args).await?;
+    let head = log.head();
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<pb::admin_server::AdminServer<AdminService>>()
+        .await;
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("build the reflection service")?;
+    // grpcurl 1.8 and Python's grpcio-reflection speak only v1alpha.
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .context("build the reflection service")?;
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
+    let local = listener.local_addr().context("read the bound address")?;
+    tracing::info!(addr = %local, data = %args.data.display(), head = head.0, "vmplane serving");
+    // The ready line: scripts and the test harness wait for it.
+    eprintln!(
+        "vmplane: ready: serving gRPC on {local} (data {}, log head {})",
+        args.data.display(),
+        head.0
+    );
+
+    Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(pb::admin_server::AdminServer::new(AdminService::new(
+            log.clone(),
+            args.backend.name(),
+        )))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+        .context("serve gRPC")?;
+    tracing::info!("vmplane stopped");
+    Ok(())
+}
+
+/// Opens the log on a blocking thread (sled's open does I/O and may panic on damaged files;
+/// the store turns that panic into an error).
+async fn open_log(args: &ServeArgs) -> anyhow::Result<Arc<dyn vmplane_store::EventLog>> {
+    match args.backend {
+        Backend::Sled => {
+            let dir = args.data.clone();
+            let log = tokio::task::spawn_blocking(move || vmplane_store::SledLog::open(&dir))
+                .await
+                .context("open the log")?
+                .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
+            Ok(Arc::new(log))
+        }
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::error!(%err, "cannot install the SIGTERM handler");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}

@@ -1,0 +1,66 @@
+//! # vmplane-hypervisor
+//!
+//! **Owns** vmplane's side of the hypervisor: the [`Hypervisor`] trait, its libvirt
+//! implementation ([`LibvirtHypervisor`]: lifecycle calls and libvirt's event-loop thread),
+//! domain XML rendering and parsing, and the nodes a VMI can be placed on. The level-triggered
+//! reconciler that drives actual state toward desired state comes in a later step, as does the
+//! mapping from `core`'s expanded VMI to a [`DomainSpec`]: this crate does not depend on
+//! `core` yet.
+//!
+//! Main types, in reading order:
+//!
+//! 1. [`DomainSpec`] (module [`spec`]): the hypervisor-level description of one domain —
+//!    [`DomainName`], firmware UUID, [`CpuTopology`], memory, [`Firmware`], [`Disk`]s,
+//!    [`Interface`]s and vmplane's [`InstanceMetadata`] (VM name, namespace, VMI uid, labels).
+//! 2. [`render_domain`] and [`parse_metadata`] (module [`xml`]): the spec as libvirt domain XML,
+//!    written with an escaping XML writer, and the metadata read back for adoption.
+//! 3. [`Hypervisor`] (module [`hypervisor`]): what the reconciler may ask of one node, with
+//!    [`DomainStatus`], [`LifecycleEvent`], [`OwnedDomain`] and [`Resources`].
+//! 4. [`LibvirtHypervisor`] (module [`libvirt`]): the trait on one libvirt connection.
+//! 5. [`Nodes`] and [`place`] (module [`nodes`]): named connections and the placement of a VMI
+//!    on a node with room, or [`Unschedulable`].
+//! 6. [`HypervisorError`] and [`SpecError`] (module [`error`]).
+//!
+//! ```no_run
+//! use vmplane_hypervisor::{Hypervisor, Nodes, Resources};
+//!
+//! let nodes = Nodes::open(&["node1=test:///default"])?;
+//! let node = nodes.place(Resources { vcpus: 1, memory_bytes: 1 << 30 }, [])?;
+//! // Blocking: in async code, run this in `tokio::task::spawn_blocking`.
+//! for domain in node.hypervisor.list_owned()? {
+//!     println!("{} runs {}/{}", domain.name, domain.metadata.namespace, domain.metadata.name);
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! **Must never**:
+//!
+//! - block a tokio worker with a libvirt call: every [`Hypervisor`] method blocks, and callers
+//!   run them on threads of their own or in `spawn_blocking`;
+//! - touch a libvirt domain that does not carry vmplane's metadata (an `instance` element in
+//!   the [`METADATA_NAMESPACE_URI`] namespace): a host runs other guests, and libvirt's test
+//!   driver starts with a domain `test` of its own;
+//! - build XML by string formatting, or let a value XML cannot carry reach libvirt.
+
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod hypervisor;
+pub mod libvirt;
+pub mod nodes;
+pub mod spec;
+pub mod xml;
+
+pub use error::{DomainRef, HypervisorError, MetadataError, SpecError, SpecProblem};
+pub use hypervisor::{
+    DomainState, DomainStatus, Hypervisor, LifecycleEvent, LifecycleEventKind, OwnedDomain,
+    Resources,
+};
+pub use libvirt::{LibvirtHypervisor, LibvirtOptions};
+pub use nodes::{Node, Nodes, NodesError, Unschedulable, place};
+pub use spec::{
+    CpuTopology, Disk, DiskBus, DiskDevice, DiskFormat, DomainName, DomainSpec, Firmware,
+    InstanceMetadata, Interface, InterfaceSource, METADATA_NAMESPACE_URI, MacAddress, NicModel,
+    VirtType,
+};
+pub use xml::{parse_metadata, render_domain};

@@ -1,0 +1,270 @@
+//! [`Nodes`]: the named hypervisor connections vmplane drives, and [`place`], which picks a
+//! node for a VMI.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::HypervisorError;
+use crate::hypervisor::{Hypervisor, Resources};
+use crate::libvirt::LibvirtHypervisor;
+
+/// One node: a name, its hypervisor connection, and its capacity as read when it was opened.
+#[derive(Clone)]
+pub struct Node {
+    /// The node's name (unique among the nodes).
+    pub name: String,
+    /// Its hypervisor.
+    pub hypervisor: Arc<dyn Hypervisor>,
+    /// vCPUs and memory it offers to domains.
+    pub capacity: Resources,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("name", &self.name)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a set of nodes could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodesError {
+    /// A node argument is not `name=URI`.
+    #[error("{arg:?} is not a node: expected NAME=URI, e.g. node1=test:///default")]
+    Syntax {
+        /// The argument as given.
+        arg: String,
+    },
+    /// Two nodes have the same name.
+    #[error("node {name:?} is given twice")]
+    Duplicate {
+        /// The name.
+        name: String,
+    },
+    /// A node's connection or capacity query failed.
+    #[error("node {name:?}: {source}")]
+    Hypervisor {
+        /// The node.
+        name: String,
+        /// What failed.
+        #[source]
+        source: Box<HypervisorError>,
+    },
+}
+
+/// Several named nodes, in the order they were given.
+#[derive(Clone, Debug, Default)]
+pub struct Nodes {
+    nodes: Vec<Node>,
+}
+
+impl Nodes {
+    /// Opens one libvirt connection per `name=URI` argument (e.g. `a=test:///default`,
+    /// `b=qemu:///system`) and reads each node's capacity. Blocks.
+    pub fn open<S: AsRef<str>>(args: &[S]) -> Result<Nodes, NodesError> {
+        let mut parsed = Vec::with_capacity(args.len());
+        for arg in args {
+            let arg = arg.as_ref();
+            match arg.split_once('=') {
+                Some((name, uri)) if !name.is_empty() && !uri.is_empty() => {
+                    parsed.push((name.to_owned(), uri.to_owned()));
+                }
+                _ => {
+                    return Err(NodesError::Syntax {
+                        arg: arg.to_owned(),
+                    });
+                }
+            }
+        }
+        let mut nodes = Nodes::default();
+        for (name, uri) in parsed {
+            let hypervisor =
+                LibvirtHypervisor::open(&uri).map_err(|source| NodesError::Hypervisor {
+                    name: name.clone(),
+                    source: Box::new(source),
+                })?;
+            nodes.add(name, Arc::new(hypervisor))?;
+        }
+        Ok(nodes)
+    }
+
+    /// Adds a node on any [`Hypervisor`], reading its capacity. Blocks.
+    pub fn add(&mut self, name: String, hypervisor: Arc<dyn Hypervisor>) -> Result<(), NodesError> {
+        if self.get(&name).is_some() {
+            return Err(NodesError::Duplicate { name });
+        }
+        let capacity = hypervisor
+            .node_capacity()
+            .map_err(|source| NodesError::Hypervisor {
+                name: name.clone(),
+                source: Box::new(source),
+            })?;
+        self.nodes.push(Node {
+            name,
+            hypervisor,
+            capacity,
+        });
+        Ok(())
+    }
+
+    /// The node called `name`.
+    pub fn get(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The nodes in the order they were given.
+    pub fn iter(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter()
+    }
+
+    /// Picks a node for `request` given what is already placed (see [`place`]).
+    pub fn place<'a>(
+        &self,
+        request: Resources,
+        placed: impl IntoIterator<Item = (&'a str, Resources)>,
+    ) -> Result<&Node, Unschedulable> {
+        let name = place(
+            self.nodes.iter().map(|n| (n.name.as_str(), n.capacity)),
+            placed,
+            request,
+        )?;
+        // `place` only answers names it was given.
+        self.get(&name).ok_or(Unschedulable {
+            request,
+            nodes: Vec::new(),
+        })
+    }
+}
+
+/// No node has room for a request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct Unschedulable {
+    /// What was asked for.
+    pub request: Resources,
+    /// Every node with what it had free.
+    pub nodes: Vec<(String, Resources)>,
+}
+
+impl fmt::Display for Unschedulable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "no node has {} vCPUs and {} bytes of memory free",
+            self.request.vcpus, self.request.memory_bytes
+        )?;
+        if self.nodes.is_empty() {
+            return f.write_str(" (there are no nodes)");
+        }
+        f.write_str(" (free:")?;
+        for (name, free) in &self.nodes {
+            write!(
+                f,
+                " {name}: {} vCPUs, {} bytes;",
+                free.vcpus, free.memory_bytes
+            )?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Picks a node for `request`.
+///
+/// A node fits when its capacity minus the sum of what is already placed on it (`placed`:
+/// node name and resources, one entry per placed domain; names of unknown nodes are ignored)
+/// leaves room for both the vCPUs and the memory asked for; vCPUs are not overcommitted.
+/// Among the nodes that fit it picks the one with the most memory left after placing, then
+/// the most vCPUs left, then the first given — so load spreads and the answer is
+/// deterministic. None fits → [`Unschedulable`], listing what each node had free.
+pub fn place<'n, 'p>(
+    capacities: impl IntoIterator<Item = (&'n str, Resources)>,
+    placed: impl IntoIterator<Item = (&'p str, Resources)>,
+    request: Resources,
+) -> Result<String, Unschedulable> {
+    let mut free: Vec<(String, Resources)> = capacities
+        .into_iter()
+        .map(|(name, capacity)| (name.to_owned(), capacity))
+        .collect();
+    for (node, used) in placed {
+        if let Some((_, left)) = free.iter_mut().find(|(name, _)| name == node) {
+            left.vcpus = left.vcpus.saturating_sub(used.vcpus);
+            left.memory_bytes = left.memory_bytes.saturating_sub(used.memory_bytes);
+        }
+    }
+    let best = free
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, left))| {
+            left.vcpus >= request.vcpus && left.memory_bytes >= request.memory_bytes
+        })
+        .max_by_key(|(i, (_, left))| {
+            (
+                left.memory_bytes - request.memory_bytes,
+                left.vcpus - request.vcpus,
+                std::cmp::Reverse(*i),
+            )
+        })
+        .map(|(_, (name, _))| name.clone());
+    best.ok_or(Unschedulable {
+        request,
+        nodes: free,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn res(vcpus: u32, gib: u64) -> Resources {
+        Resources {
+            vcpus,
+            memory_bytes: gib * GIB,
+        }
+    }
+
+    #[test]
+    fn spreads_then_fills_then_reports_unschedulable() {
+        let nodes = [("a", res(4, 4)), ("b", res(2, 8))];
+        let mut placed: Vec<(String, Resources)> = Vec::new();
+        let want = res(1, 2);
+        let mut order = Vec::new();
+        loop {
+            match place(nodes, placed.iter().map(|(n, r)| (n.as_str(), *r)), want) {
+                Ok(node) => {
+                    order.push(node.clone());
+                    placed.push((node, want));
+                }
+                Err(unschedulable) => {
+                    assert_eq!(unschedulable.request, want);
+                    assert_eq!(
+                        unschedulable.nodes,
+                        vec![("a".into(), res(2, 0)), ("b".into(), res(0, 4))]
+                    );
+                    break;
+                }
+            }
+        }
+        // b has the most memory left until its vCPUs run out; then a takes the rest.
+        assert_eq!(order, ["b", "b", "a", "a"]);
+    }
+
+    #[test]
+    fn vcpus_alone_can_make_a_node_full() {
+        let nodes = [("a", res(1, 64))];
+        assert!(place(nodes, [("a", res(1, 1))], res(1, 1)).is_err());
+        assert_eq!(
+            place(nodes, [("zz", res(1, 1))], res(1, 1)),
+            Ok("a".to_owned())
+        );
+    }
+
+    #[test]
+    fn no_nodes_is_unschedulable() {
+        let err = place([], [], res(1, 1)).expect_err("nothing fits on no nodes");
+        assert!(err.to_string().contains("there are no nodes"), "{err}");
+    }
+}

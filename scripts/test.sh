@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what is missing and runs the whole test suite: formatting, lints, every test of every
+# crate (unit, contract, crash and end-to-end tests against real components).
+#
+#   scripts/test.sh                # the README's test command; .ci/run runs it
+#   VMPLANE_SKIP_LINT=1 scripts/test.sh   # tests only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh --test
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "test.sh: cargo not found: install the Rust toolchain (rustup) first" >&2
+  exit 1
+fi
+
+if [ "${VMPLANE_SKIP_LINT:-0}" != 1 ]; then
+  echo "== cargo fmt --check" >&2
+  cargo fmt --all -- --check
+  echo "== cargo clippy" >&2
+  cargo clippy --locked --workspace --all-targets -- -D warnings
+fi
+
+echo "== cargo test" >&2
+cargo build --locked -p vmplane-gateway --bin vmplane
+cargo test --locked --workspace --no-fail-fast

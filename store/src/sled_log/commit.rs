@@ -1,0 +1,702 @@
+//! Group commit.
+//!
+//! An appender checks its request, looks its event ids up on disk (in parallel with everyone
+//! else), and queues it. If no commit is in progress it becomes the leader at once and commits on
+//! its own thread, so an uncontended append pays no hand-off. Otherwise it sleeps on its own slot.
+//!
+//! The leader drains the queue (bounded by events and bytes), decides every request against the
+//! in-memory state (stream heads, claims, recent ids) plus the effects of the requests before it
+//! in the group, rejecting a conflicting request without failing the others; then one
+//! `apply_batch`, one `flush`, one `fdatasync`; then it updates the state, publishes the new head
+//! and wakes every appender with its own result. Finally it hands leadership to the first waiting
+//! appender, if any.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+
+use uuid::Uuid;
+
+use super::keys::{self, IdLocation, StreamEntry};
+use super::{SledLog, State, engine, lock};
+use crate::batch::{BatchWriter, StoredEvent};
+use crate::error::{Error, Result};
+use crate::hash::event_hash;
+use crate::log::{check_request, decide_claims};
+use crate::types::{AppendRequest, AppendResult, Position, RecordedEventRef, Revision, Timestamp};
+
+/// Appends waiting for a leader, and whether one is at work. Invariant: when no leader is
+/// active, the queue is empty.
+#[derive(Default)]
+pub(super) struct Queue {
+    pending: VecDeque<Pending>,
+    leader_active: bool,
+}
+
+/// One queued append.
+struct Pending {
+    request: AppendRequest,
+    /// Where each event id was found on disk before queueing (`None`: not found).
+    known: Vec<Option<IdLocation>>,
+    /// The last applied position when `known` was looked up: ids committed after it are in
+    /// `State::recent_ids`.
+    checked_through: u64,
+    slot: Arc<Slot>,
+}
+
+/// Where an appender sleeps until its append is decided, or until it is made leader.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+enum SlotState {
+    #[default]
+    Waiting,
+    Lead,
+    Done(Result<AppendResult>),
+}
+
+impl Slot {
+    fn set(&self, value: SlotState) {
+        *lock(&self.state) = value;
+        self.ready.notify_one();
+    }
+
+    fn is_done(&self) -> bool {
+        matches!(*lock(&self.state), SlotState::Done(_))
+    }
+
+    /// Sleeps until the slot is `Lead` (returns `None`) or `Done` (returns the result).
+    fn wait(&self) -> Option<Result<AppendResult>> {
+        let mut state = lock(&self.state);
+        loop {
+            match std::mem::take(&mut *state) {
+                SlotState::Waiting => {
+                    state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+                SlotState::Lead => return None,
+                SlotState::Done(result) => return Some(result),
+            }
+        }
+    }
+}
+
+/// How the leader decided one request.
+enum Decision {
+    Reject(Error),
+    Replay(AppendResult),
+    Accept {
+        first_revision: Revision,
+        first_position: u64,
+        count: u64,
+        claims: Vec<(String, Option<String>)>,
+    },
+}
+
+/// The effects of the requests accepted so far in this group, on top of `State`.
+#[derive(Default)]
+struct Overlay {
+    heads: HashMap<String, Revision>,
+    claims: HashMap<String, Option<String>>,
+    ids: HashMap<Uuid, IdLocation>,
+    next_position: u64,
+}
+
+impl SledLog {
+    pub(super) fn append_grouped(&self, request: AppendRequest) -> Result<AppendResult> {
+        check_request(&self.options.limits, &request)?;
+        if let Some(reason) = &lock(&self.state).poisoned {
+            return Err(Error::Unavailable {
+                reason: reason.clone(),
+            });
+        }
+        let checked_through = self.applied.load(Ordering::Acquire);
+        let known = super::guarded("looking up event ids", || self.lookup_ids(&request))?;
+        let slot = Arc::new(Slot::default());
+        let leading = {
+            let mut queue = lock(&self.queue);
+            queue.pending.push_back(Pending {
+                request,
+                known,
+                checked_through,
+                slot: Arc::clone(&slot),
+            });
+            !std::mem::replace(&mut queue.leader_active, true)
+        };
+        if !leading && let Some(result) = slot.wait() {
+            return result;
+        }
+        self.lead();
+        slot.wait().unwrap_or_else(|| {
+            Err(Error::Unavailable {
+                reason: "a leader finished without deciding its own append".into(),
+            })
+        })
+    }
+
+    fn lookup_ids(&self, request: &AppendRequest) -> Result<Vec<Option<IdLocation>>> {
+        request
+            .events
+            .iter()
+            .map(|event| {
+                let found = self
+                    .db
+                    .get(keys::id(&event.id))
+                    .map_err(engine("looking up an event id"))?;
+                found
+                    .map(|value| keys::parse_id_value(&event.id, &value))
+                    .transpose()
+            })
+            .collect()
+    }
+
+    /// Commits one group from the front of the queue, then hands leadership on.
+    fn lead(&self) {
+        let group = {
+            let mut queue = lock(&self.queue);
+            let mut events = 0usize;
+            let mut bytes = 0usize;
+            let mut group = Vec::new();
+            while let Some(next) = queue.pending.front() {
+                let next_events = next.request.events.len();
+                let next_bytes: usize = next.request.events.iter().map(|e| e.payload.len()).sum();
+                let full = events + next_events > self.options.group_commit_events_max
+                    || bytes + next_bytes > self.options.group_commit_bytes_max;
+                if !group.is_empty() && full {
+                    break;
+                }
+                events += next_events;
+                bytes += next_bytes;
+                group.extend(queue.pending.pop_front());
+            }
+            group
+        };
+        let slots: Vec<Arc<Slot>> = group
+            .iter()
+            .map(|pending| Arc::clone(&pending.slot))
+            .collect();
+        match catch_unwind(AssertUnwindSafe(|| self.commit_group(group))) {
+            Ok(results) => {
+                for (slot, result) in slots.iter().zip(results) {
+                    slot.set(SlotState::Done(result));
+                }
+            }
+            Err(_) => {
+                let reason = "the group commit panicked".to_owned();
+                lock(&self.state).poisoned = Some(reason.clone());
+                for slot in slots.iter().filter(|slot| !slot.is_done()) {
+                    slot.set(SlotState::Done(Err(Error::Unavailable {
+                        reason: reason.clone(),
+                    })));
+                }
+            }
+        }
+        let mut queue = lock(&self.queue);
+        match queue.pending.front() {
+            Some(next) => next.slot.set(SlotState::Lead),
+            None => queue.leader_active = false,
+        }
+    }
+
+    /// Decides, writes and syncs one group; returns each request's result, in order.
+    fn commit_group(&self, group: Vec<Pending>) -> Vec<Result<AppendResult>> {
+        let mut state = lock(&self.state);
+        if let Some(reason) = &state.poisoned {
+            let reason = reason.clone();
+            return group
+                .iter()
+                .map(|_| {
+                    Err(Error::Unavailable {
+                        reason: reason.clone(),
+                    })
+                })
+                .collect();
+        }
+        let mut overlay = Overlay {
+            next_position: state.last_position + 1,
+            ..Overlay::default()
+        };
+        let decisions: Vec<Decision> = group
+            .iter()
+            .map(|pending| {
+                let decision = self.decide(&state, &overlay, pending);
+                if let Decision::Accept {
+                    first_revision,
+                    first_position,
+                    claims,
+                    ..
+                } = &decision
+                {
+                    overlay.accept(&pending.request, *first_revision, *first_position, claims);
+                }
+                decision
+            })
+            .collect();
+        let accepted_events = (overlay.next_position - state.last_position - 1) as usize;
+        if accepted_events == 0 {
+            drop(state);
+            return decisions.into_iter().map(Decision::into_result).collect();
+        }
+
+        let recorded_at = (self.options.clock)().0.max(state.last_recorded_at);
+        let written = self.write_batch(&mut state, group, &decisions, accepted_events, recorded_at);
+        let (batch, last_hash) = match written {
+            Ok(written) => written,
+            Err(err) => {
+                // Nothing reached the engine: the group fails, the log stays usable.
+                let reason = err.to_string();
+                drop(state);
+                return decisions
+                    .into_iter()
+                    .map(|decision| match decision {
+                        Decision::Reject(err) => Err(err),
+                        _ => Err(Error::InvalidRequest {
+                            reason: reason.clone(),
+                        }),
+                    })
+                    .collect();
+            }
+        };
+        let first_position = state.last_position + 1;
+        let last_position = overlay.next_position - 1;
+        drop(state);
+
+        if let Err(err) = self.make_durable(batch, last_position) {
+            let reason =
+                format!("commit of positions {first_position}..={last_position} failed: {err}");
+            tracing::error!(%reason, "the log refuses appends until it is reopened");
+            lock(&self.state).poisoned = Some(reason.clone());
+            return decisions
+                .into_iter()
+                .map(|decision| match decision {
+                    Decision::Reject(err) => Err(err),
+                    _ => Err(Error::Unavailable {
+                        reason: reason.clone(),
+                    }),
+                })
+                .collect();
+        }
+
+        let mut state = lock(&self.state);
+        state.last_position = last_position;
+        state.last_hash = last_hash;
+        state.last_recorded_at = recorded_at;
+        for (stream, revision) in overlay.heads {
+            state.dirty_heads.insert(stream.clone());
+            state.heads.insert(stream, revision);
+        }
+        for (key, owner) in overlay.claims {
+            match owner {
+                Some(owner) => state.claims.insert(key, owner),
+                None => state.claims.remove(&key),
+            };
+        }
+        let mut ids: Vec<(Uuid, IdLocation)> = overlay.ids.into_iter().collect();
+        ids.sort_by_key(|(_, location)| location.position);
+        for (id, location) in ids {
+            state.recent_ids.insert(id, location);
+        }
+        drop(state);
+        self.publish_head(last_position);
+        self.maybe_record_head();
+        decisions.into_iter().map(Decision::into_result).collect()
+    }
+
+    /// How one request fares against the state plus the group's earlier effects.
+    fn decide(&self, state: &State, overlay: &Overlay, pending: &Pending) -> Decision {
+        let request = &pending.request;
+        let locations = match self.locate_ids(state, overlay, pending) {
+            Ok(locations) => locations,
+            Err(err) => return Decision::Reject(err),
+        };
+        let committed = locations
+            .iter()
+            .filter(|location| location.is_some())
+            .count();
+        if committed == request.events.len() {
+            return replay_or_reuse(request, &locations);
+        }
+        if committed > 0 {
+            let (done, not_done): (Vec<_>, Vec<_>) = request
+                .events
+                .iter()
+                .zip(&locations)
+                .partition(|(_, location)| location.is_some());
+            return Decision::Reject(Error::PartiallyCommitted {
+                stream: request.stream.clone(),
+                committed: done.into_iter().map(|(event, _)| event.id).collect(),
+                not_written: not_done.into_iter().map(|(event, _)| event.id).collect(),
+            });
+        }
+        let actual = overlay
+            .heads
+            .get(&request.stream)
+            .or_else(|| state.heads.get(&request.stream))
+            .copied();
+        if !request.expected.admits(actual) {
+            return Decision::Reject(Error::Conflict {
+                stream: request.stream.clone(),
+                expected: request.expected,
+                actual,
+                not_written: request.event_ids(),
+            });
+        }
+        let holder = |key: &str| match overlay.claims.get(key) {
+            Some(change) => change.clone(),
+            None => state.claims.get(key).cloned(),
+        };
+        match decide_claims(&request.claims, &holder) {
+            Err((key, holder)) => Decision::Reject(Error::ClaimTaken {
+                key,
+                holder,
+                not_written: request.event_ids(),
+            }),
+            Ok(claims) => Decision::Accept {
+                first_revision: actual.unwrap_or(0) + 1,
+                first_position: overlay.next_position,
+                count: request.events.len() as u64,
+                claims,
+            },
+        }
+    }
+
+    /// Where each of the request's ids is committed, if anywhere: this group, recent commits, or
+    /// the disk lookup made before queueing (repeated here if recent commits no longer cover it).
+    fn locate_ids(
+        &self,
+        state: &State,
+        overlay: &Overlay,
+        pending: &Pending,
+    ) -> Result<Vec<Option<IdLocation>>> {
+        let recent_cover = state.recent_ids.covers(pending.checked_through);
+        let on_disk = if recent_cover {
+            None
+        } else {
+            Some(self.lookup_ids(&pending.request)?)
+        };
+        Ok(pending
+            .request
+            .events
+            .iter()
+            .enumerate()
+            .map(|(index, event)| {
+                overlay
+                    .ids
+                    .get(&event.id)
+                    .or_else(|| state.recent_ids.by_id.get(&event.id))
+                    .cloned()
+                    .or_else(|| match &on_disk {
+                        Some(on_disk) => on_disk[index].clone(),
+                        None => pending.known[index].clone(),
+                    })
+            })
+            .collect())
+    }
+
+    /// Encodes the accepted requests into one engine batch: the events with their hashes, the
+    /// indexes, claims, and (every so often) the stream heads. Returns it with the last hash.
+    fn write_batch(
+        &self,
+        state: &mut State,
+        group: Vec<Pending>,
+        decisions: &[Decision],
+        accepted_events: usize,
+        recorded_at: i64,
+    ) -> Result<(sled::Batch, [u8; 32])> {
+        let first_position = state.last_position + 1;
+        let payload_bytes: usize = group
+            .iter()
+            .zip(decisions)
+            .filter(|(_, decision)| matches!(decision, Decision::Accept { .. }))
+            .map(|(pending, _)| {
+                pending
+                    .request
+                    .events
+                    .iter()
+                    .map(|e| e.payload.len() + 256)
+                    .sum::<usize>()
+            })
+            .sum();
+        let mut writer = BatchWriter::new(first_position, accepted_events, payload_bytes);
+        let mut batch = sled::Batch::default();
+        let mut prev_hash = state.last_hash;
+        let mut position = first_position;
+        let mut touched: HashMap<String, Revision> = HashMap::new();
+        for (pending, decision) in group.into_iter().zip(decisions) {
+            let Decision::Accept {
+                first_revision,
+                first_position: request_first,
+                claims,
+                ..
+            } = decision
+            else {
+                continue;
+            };
+            debug_assert_eq!(*request_first, position, "accepted requests are contiguous");
+            let AppendRequest { stream, events, .. } = pending.request;
+            let count = events.len();
+            for (offset, proposed) in events.into_iter().enumerate() {
+                let revision = first_revision + offset as u64;
+                let mut stored = StoredEvent {
+                    position,
+                    stream: stream.clone(),
+                    revision,
+                    id: proposed.id,
+                    recorded_at,
+                    actor: proposed.actor,
+                    correlation_id: proposed.correlation_id,
+                    causation_id: proposed.causation_id,
+                    event_type: proposed.event_type,
+                    schema_version: proposed.schema_version,
+                    payload: proposed.payload,
+                    prev_hash,
+                    hash: [0; 32],
+                };
+                stored.hash = event_hash(&stored_ref(&stored));
+                writer.push(&stored)?;
+                let location = IdLocation {
+                    position,
+                    revision,
+                    stream: stream.clone(),
+                };
+                batch.insert(&keys::id(&stored.id), keys::id_value(&location));
+                prev_hash = stored.hash;
+                position += 1;
+            }
+            let entry = StreamEntry {
+                first_revision: *first_revision,
+                first_position: *request_first,
+                count: u32::try_from(count).unwrap_or(u32::MAX),
+                batch_position: first_position,
+            };
+            batch.insert(
+                keys::stream_entry(&stream, *first_revision),
+                &keys::stream_value(&entry),
+            );
+            for (key, owner) in claims {
+                match owner {
+                    Some(owner) => batch.insert(keys::claim(key), owner.as_bytes()),
+                    None => batch.remove(keys::claim(key)),
+                }
+            }
+            touched.insert(stream, entry.last_revision());
+        }
+        let last_position = position - 1;
+        batch.insert(&keys::time(Timestamp(recorded_at), last_position), &[]);
+        batch.insert(&keys::batch(first_position), writer.finish()?.as_slice());
+
+        state.batches_since_checkpoint += 1;
+        if state.batches_since_checkpoint >= self.options.heads_checkpoint_batches {
+            for stream in state.dirty_heads.drain().collect::<Vec<_>>() {
+                if !touched.contains_key(&stream)
+                    && let Some(revision) = state.heads.get(&stream)
+                {
+                    batch.insert(keys::head(&stream), &revision.to_be_bytes());
+                }
+            }
+            for (stream, revision) in &touched {
+                batch.insert(keys::head(stream), &revision.to_be_bytes());
+            }
+            batch.insert(keys::META_HEADS_AT, &last_position.to_be_bytes());
+            state.batches_since_checkpoint = 0;
+        }
+        Ok((batch, prev_hash))
+    }
+
+    /// One `apply_batch`, one `flush`, one `fdatasync` (and new blob files, if sled made any).
+    fn make_durable(&self, batch: sled::Batch, last_position: u64) -> Result<()> {
+        super::guarded("committing", || {
+            self.db
+                .apply_batch(batch)
+                .map_err(engine("applying a batch"))?;
+            self.applied.store(last_position, Ordering::Release);
+            self.db.flush().map_err(engine("flushing"))?;
+            self.data_file.sync_data().map_err(|source| Error::Io {
+                context: "fdatasync of sled's data file",
+                source,
+            })?;
+            lock(&self.blobs).sync().map_err(|source| Error::Io {
+                context: "syncing sled's blob files",
+                source,
+            })
+        })
+    }
+
+    fn publish_head(&self, position: u64) {
+        let _guard = lock(&self.head_lock);
+        self.durable.store(position, Ordering::Release);
+        self.head_changed.notify_all();
+    }
+}
+
+impl Overlay {
+    fn accept(
+        &mut self,
+        request: &AppendRequest,
+        first_revision: Revision,
+        first_position: u64,
+        claims: &[(String, Option<String>)],
+    ) {
+        let count = request.events.len() as u64;
+        for (offset, event) in request.events.iter().enumerate() {
+            let location = IdLocation {
+                position: first_position + offset as u64,
+                revision: first_revision + offset as u64,
+                stream: request.stream.clone(),
+            };
+            self.ids.insert(event.id, location);
+        }
+        self.heads
+            .insert(request.stream.clone(), first_revision + count - 1);
+        for (key, owner) in claims {
+            self.claims.insert(key.clone(), owner.clone());
+        }
+        self.next_position = first_position + count;
+    }
+}
+
+impl Decision {
+    fn into_result(self) -> Result<AppendResult> {
+        match self {
+            Decision::Reject(err) => Err(err),
+            Decision::Replay(result) => Ok(result),
+            Decision::Accept {
+                first_revision,
+                first_position,
+                count,
+                ..
+            } => Ok(AppendResult {
+                first_position: Position(first_position),
+                last_position: Position(first_position + count - 1),
+                first_revision,
+                last_revision: first_revision + count - 1,
+                replayed: false,
+            }),
+        }
+    }
+}
+
+/// Every id is committed: a retry of this very append (same stream, consecutive, where the
+/// expectation puts it) replays; anything else is reuse of ids.
+fn replay_or_reuse(request: &AppendRequest, locations: &[Option<IdLocation>]) -> Decision {
+    let first = locations.first().and_then(Option::as_ref);
+    let Some(first) = first else {
+        return Decision::Reject(Error::InvalidRequest {
+            reason: "an append needs events".into(),
+        });
+    };
+    let starts_right = request
+        .expected
+        .first_revision()
+        .is_none_or(|r| r == first.revision);
+    for (offset, (event, location)) in request.events.iter().zip(locations).enumerate() {
+        let Some(location) = location else { continue };
+        let in_place = location.stream == request.stream
+            && location.position == first.position + offset as u64
+            && location.revision == first.revision + offset as u64;
+        if !(in_place && starts_right) {
+            return Decision::Reject(Error::EventIdReused {
+                stream: request.stream.clone(),
+                id: event.id,
+                position: Position(location.position),
+                not_written: request.event_ids(),
+            });
+        }
+    }
+    let count = request.events.len() as u64;
+    Decision::Replay(AppendResult {
+        first_position: Position(first.position),
+        last_position: Position(first.position + count - 1),
+        first_revision: first.revision,
+        last_revision: first.revision + count - 1,
+        replayed: true,
+    })
+}
+
+fn stored_ref(stored: &StoredEvent) -> RecordedEventRef<'_> {
+    RecordedEventRef {
+        position: Position(stored.position),
+        stream: &stored.stream,
+        revision: stored.revision,
+        id: stored.id,
+        recorded_at: Timestamp(stored.recorded_at),
+        actor: &stored.actor,
+        correlation_id: stored.correlation_id,
+        causation_id: stored.causation_id,
+        event_type: &stored.event_type,
+        schema_version: stored.schema_version,
+        payload: &stored.payload,
+        prev_hash: &stored.prev_hash,
+        hash: &stored.hash,
+    }
+}
+
+/// Makes sled's blob files durable. sled writes values larger than a quarter segment to files
+/// under `blobs/` without syncing them; a commit that created one syncs it and the directory.
+/// The directory's change time tells whether anything is new; a recent one is rechecked every
+/// time, since file-system timestamps are coarse.
+pub(super) struct BlobSync {
+    dir: PathBuf,
+    settled: Option<(i64, i64)>,
+    synced: HashSet<OsString>,
+}
+
+impl BlobSync {
+    pub(super) fn new(dir: PathBuf) -> BlobSync {
+        BlobSync {
+            dir,
+            settled: None,
+            synced: HashSet::new(),
+        }
+    }
+
+    pub(super) fn sync(&mut self) -> std::io::Result<()> {
+        let meta = match std::fs::metadata(&self.dir) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(err) => return Err(err),
+        };
+        let changed = (meta.ctime(), meta.ctime_nsec());
+        if self.settled == Some(changed) {
+            return Ok(());
+        }
+        let mut present = HashSet::new();
+        let mut synced_any = false;
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if !self.synced.contains(&name) {
+                match File::open(entry.path()).and_then(|file| file.sync_all()) {
+                    Ok(()) => synced_any = true,
+                    // Garbage-collected between listing and opening.
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(err) => return Err(err),
+                }
+            }
+            present.insert(name);
+        }
+        if synced_any {
+            File::open(&self.dir)?.sync_all()?;
+        }
+        self.synced = present;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        // Trust the change time only once it is clearly in the past.
+        self.settled = if now > changed.0 + 1 {
+            Some(changed)
+        } else {
+            None
+        };
+        Ok(())
+    }
+}

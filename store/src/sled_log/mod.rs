@@ -1,0 +1,936 @@
+//! The embedded backend: the log in one sled 0.34 tree, made durable by an explicit `fdatasync`.
+//!
+//! - **Layout** (see [`keys`]): each group commit is one value holding all its events (one
+//!   engine lookup per batch on a full read), plus a stream index (one entry per append), an
+//!   event-id index, a time index (one entry per batch), claims and checkpointed stream heads.
+//! - **Durability**: sled's `flush()` ends in `sync_file_range`, which is not durable; a commit is
+//!   `apply_batch` + `flush` + `fdatasync` of `<dir>/db` (plus any new file under `blobs/`), and
+//!   only then acknowledged. The directory is synced once at creation.
+//! - **Group commit** ([`commit`]): the first appender that finds no commit in progress commits
+//!   on its own thread; others queue and sleep until a leader has made them durable.
+//! - **Reads** stop at the durable head, so no reader sees an event a crash could take back.
+//! - **Damage**: sled can panic on damaged files; every entry into the engine is wrapped so a
+//!   panic becomes [`Error::Damaged`], and every stored byte is validated when read.
+
+mod commit;
+mod keys;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::fs::File;
+use std::ops::ControlFlow;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use crate::batch::{BatchView, needs_realign, realigned};
+use crate::error::{Error, Result};
+use crate::hash::{GENESIS_PREV_HASH, event_hash};
+use crate::log::{EventLog, PayloadValidator, Visitor};
+use crate::types::{
+    AppendRequest, AppendResult, Direction, Limits, Position, RecordedEvent, RecordedEventRef,
+    Revision, Timestamp, VerifyReport,
+};
+
+use commit::{BlobSync, Queue};
+use keys::IdLocation;
+
+/// sled's segment size for vmplane's trees. Values larger than a quarter of a segment go to
+/// separate blob files; 8 MiB keeps every group-commit batch, and the leaf nodes holding them,
+/// in the main `db` file that the commit fsyncs. Fixed at creation and checked by sled at reopen.
+const SEGMENT_BYTES: usize = 8 << 20;
+
+/// The source of `recorded_at`. Tests pass a fake one; it may go backwards (the store keeps
+/// `recorded_at` non-decreasing regardless).
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// How a [`SledLog`] is opened.
+#[derive(Clone)]
+pub struct SledOptions {
+    /// The bounds enforced on requests and reads.
+    pub limits: Limits,
+    /// Where `recorded_at` comes from.
+    pub clock: Clock,
+    /// sled's page cache.
+    pub cache_capacity_bytes: u64,
+    /// Events one group commit takes from the queue at most.
+    pub group_commit_events_max: usize,
+    /// Payload bytes one group commit takes from the queue at most (a single larger request
+    /// still commits alone).
+    pub group_commit_bytes_max: usize,
+    /// Batches between two checkpoints of the stream heads; opening replays at most this many.
+    pub heads_checkpoint_batches: u32,
+    /// Recently committed event ids kept in memory, so an append racing a commit needs no second
+    /// disk lookup.
+    pub recent_ids_max: usize,
+}
+
+impl Default for SledOptions {
+    fn default() -> SledOptions {
+        SledOptions {
+            limits: Limits::DEFAULT,
+            clock: Arc::new(Timestamp::now),
+            cache_capacity_bytes: 256 << 20,
+            group_commit_events_max: 4_096,
+            group_commit_bytes_max: 96 << 10,
+            heads_checkpoint_batches: 1_024,
+            recent_ids_max: 65_536,
+        }
+    }
+}
+
+impl fmt::Debug for SledOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SledOptions")
+            .field("limits", &self.limits)
+            .field("cache_capacity_bytes", &self.cache_capacity_bytes)
+            .field("group_commit_events_max", &self.group_commit_events_max)
+            .field("group_commit_bytes_max", &self.group_commit_bytes_max)
+            .field("heads_checkpoint_batches", &self.heads_checkpoint_batches)
+            .field("recent_ids_max", &self.recent_ids_max)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The event log on sled. Open one per directory per process.
+pub struct SledLog {
+    dir: PathBuf,
+    db: sled::Db,
+    /// `<dir>/db`, opened once: the file a commit fdatasyncs.
+    data_file: File,
+    blobs: Mutex<BlobSync>,
+    options: SledOptions,
+    state: Mutex<State>,
+    queue: Mutex<Queue>,
+    /// The last position written into sled (maybe not yet durable).
+    applied: AtomicU64,
+    /// The last durable position: the head every read stops at.
+    durable: AtomicU64,
+    head_changed: Condvar,
+    head_lock: Mutex<()>,
+    /// When the durable head was last written to [`HEAD_RECORD_FILE`].
+    head_recorded: Mutex<Instant>,
+}
+
+/// A file beside sled's, holding a recent durable head and its hash. sled 0.34 recovers a damaged
+/// file by silently dropping everything after the damage; comparing with this record at open
+/// turns that into an error instead of a shorter log.
+const HEAD_RECORD_FILE: &str = "vmplane-head";
+
+/// How often a commit refreshes [`HEAD_RECORD_FILE`] (and always at a clean close).
+const HEAD_RECORD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What validation needs, kept in memory so the hot path reads no disk.
+struct State {
+    heads: HashMap<String, Revision>,
+    claims: HashMap<String, String>,
+    last_position: u64,
+    last_hash: [u8; 32],
+    last_recorded_at: i64,
+    recent_ids: RecentIds,
+    batches_since_checkpoint: u32,
+    dirty_heads: HashSet<String>,
+    poisoned: Option<String>,
+}
+
+/// Ids committed at positions `floor..`, bounded in size.
+struct RecentIds {
+    by_id: HashMap<Uuid, IdLocation>,
+    order: VecDeque<(u64, Uuid)>,
+    floor: u64,
+    len_max: usize,
+}
+
+impl RecentIds {
+    fn insert(&mut self, id: Uuid, location: IdLocation) {
+        self.order.push_back((location.position, id));
+        self.by_id.insert(id, location);
+        while self.order.len() > self.len_max {
+            if let Some((position, id)) = self.order.pop_front() {
+                self.by_id.remove(&id);
+                self.floor = position + 1;
+            }
+        }
+    }
+
+    /// Whether every id committed after `checked_through` is still here.
+    fn covers(&self, checked_through: u64) -> bool {
+        self.floor <= checked_through + 1
+    }
+}
+
+impl fmt::Debug for SledLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SledLog")
+            .field("dir", &self.dir)
+            .field("head", &self.head())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SledLog {
+    /// Opens (or creates) the log in `dir` with default options.
+    pub fn open(dir: impl AsRef<Path>) -> Result<SledLog> {
+        SledLog::open_with(dir, SledOptions::default())
+    }
+
+    /// Opens (or creates) the log in `dir`. A damaged store gives [`Error::Damaged`] or
+    /// [`Error::Corrupt`], never a panic.
+    pub fn open_with(dir: impl AsRef<Path>, options: SledOptions) -> Result<SledLog> {
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            context: "creating the log directory",
+            source,
+        })?;
+        let config = sled::Config::new()
+            .path(&dir)
+            .segment_size(SEGMENT_BYTES)
+            .cache_capacity(options.cache_capacity_bytes);
+        let db = guarded("opening sled", || open_sled(&config))?;
+        let data_file = File::open(dir.join("db")).map_err(|source| Error::Io {
+            context: "opening sled's data file",
+            source,
+        })?;
+        let blobs = BlobSync::new(dir.join("blobs"));
+        let log = SledLog {
+            dir,
+            db,
+            data_file,
+            blobs: Mutex::new(blobs),
+            state: Mutex::new(State {
+                heads: HashMap::new(),
+                claims: HashMap::new(),
+                last_position: 0,
+                last_hash: GENESIS_PREV_HASH,
+                last_recorded_at: i64::MIN,
+                recent_ids: RecentIds {
+                    by_id: HashMap::new(),
+                    order: VecDeque::new(),
+                    floor: 1,
+                    len_max: options.recent_ids_max.max(1),
+                },
+                batches_since_checkpoint: 0,
+                dirty_heads: HashSet::new(),
+                poisoned: None,
+            }),
+            options,
+            queue: Mutex::new(Queue::default()),
+            applied: AtomicU64::new(0),
+            durable: AtomicU64::new(0),
+            head_changed: Condvar::new(),
+            head_lock: Mutex::new(()),
+            head_recorded: Mutex::new(Instant::now()),
+        };
+        guarded("loading the log", || log.initialize_or_load())?;
+        guarded("checking the recorded head", || log.check_head_record())?;
+        Ok(log)
+    }
+
+    /// The directory the log lives in.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Bytes sled's files take on disk.
+    pub fn size_on_disk_bytes(&self) -> Result<u64> {
+        self.db
+            .size_on_disk()
+            .map_err(engine("measuring the store"))
+    }
+
+    fn initialize_or_load(&self) -> Result<()> {
+        match self
+            .db
+            .get(keys::META_FORMAT)
+            .map_err(engine("reading the format marker"))?
+        {
+            Some(format) if format.as_ref() == keys::FORMAT => self.load(),
+            Some(format) => Err(Error::Damaged {
+                reason: format!(
+                    "unknown format {:?}, expected {:?}",
+                    String::from_utf8_lossy(&format),
+                    String::from_utf8_lossy(keys::FORMAT)
+                ),
+            }),
+            None => {
+                if self
+                    .db
+                    .first()
+                    .map_err(engine("reading the store"))?
+                    .is_some()
+                {
+                    return Err(Error::Damaged {
+                        reason: "the store has data but no format marker".into(),
+                    });
+                }
+                self.initialize()
+            }
+        }
+    }
+
+    /// A new store: write the format marker and make the directory entries durable.
+    fn initialize(&self) -> Result<()> {
+        self.db
+            .insert(keys::META_FORMAT, keys::FORMAT)
+            .map_err(engine("writing the format"))?;
+        self.db.flush().map_err(engine("flushing the new store"))?;
+        let io = |context| move |source| Error::Io { context, source };
+        self.data_file
+            .sync_all()
+            .map_err(io("syncing the new data file"))?;
+        for path in [
+            self.dir.join("conf"),
+            self.dir.clone(),
+            self.dir.join("blobs"),
+        ] {
+            if path.exists() {
+                File::open(&path)
+                    .and_then(|file| file.sync_all())
+                    .map_err(io("syncing the new store's files"))?;
+            }
+        }
+        if let Some(parent) = self.dir.parent() {
+            // The directory entry of the store itself; best effort when the parent is not ours.
+            let _ = File::open(parent).and_then(|file| file.sync_all());
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the in-memory state from disk: head and hash from the last batch, claims, and
+    /// stream heads from their checkpoint plus the batches after it.
+    fn load(&self) -> Result<()> {
+        let mut state = lock(&self.state);
+        if let Some(item) = self.db.scan_prefix([keys::BATCH]).next_back() {
+            let (key, value) = item.map_err(engine("reading the last batch"))?;
+            let first = keys::batch_position(&key)?;
+            with_view(&value, first, |view| {
+                let last = view.event(view.len() - 1)?;
+                state.last_position = last.position.0;
+                state.last_hash = *last.hash;
+                state.last_recorded_at = last.recorded_at.0;
+                Ok(())
+            })?;
+        }
+        for item in self.db.scan_prefix([keys::CLAIM]) {
+            let (key, owner) = item.map_err(engine("reading claims"))?;
+            let key = utf8(&key[1..], "claim key")?;
+            let owner = utf8(&owner, "claim owner")?;
+            state.claims.insert(key, owner);
+        }
+        for item in self.db.scan_prefix([keys::HEAD]) {
+            let (key, revision) = item.map_err(engine("reading stream heads"))?;
+            if revision.len() != 8 {
+                return Err(Error::Damaged {
+                    reason: "a stream head checkpoint is malformed".into(),
+                });
+            }
+            state
+                .heads
+                .insert(utf8(&key[1..], "stream name")?, keys::be_u64(&revision));
+        }
+        let heads_at = match self
+            .db
+            .get(keys::META_HEADS_AT)
+            .map_err(engine("reading heads"))?
+        {
+            Some(value) if value.len() == 8 => keys::be_u64(&value),
+            Some(_) => {
+                return Err(Error::Damaged {
+                    reason: "heads checkpoint is malformed".into(),
+                });
+            }
+            None => 0,
+        };
+        if heads_at > state.last_position {
+            return Err(Error::Damaged {
+                reason: format!(
+                    "stream heads are checkpointed at {heads_at}, past the log's end {}",
+                    state.last_position
+                ),
+            });
+        }
+        let mut tail_batches = 0u32;
+        for item in self
+            .db
+            .range(keys::batch(heads_at + 1)..=keys::batch(u64::MAX))
+        {
+            let (key, value) = item.map_err(engine("replaying the log's tail"))?;
+            let first = keys::batch_position(&key)?;
+            tail_batches += 1;
+            with_view(&value, first, |view| {
+                for index in 0..view.len() {
+                    let event = view.event(index)?;
+                    state.heads.insert(event.stream.to_owned(), event.revision);
+                    state.dirty_heads.insert(event.stream.to_owned());
+                }
+                Ok(())
+            })?;
+        }
+        state.batches_since_checkpoint = tail_batches;
+        state.recent_ids.floor = state.last_position + 1;
+        let head = state.last_position;
+        drop(state);
+        self.applied.store(head, Ordering::Release);
+        self.durable.store(head, Ordering::Release);
+        Ok(())
+    }
+
+    /// Fails if the log is shorter than a head it once made durable, or differs there.
+    fn check_head_record(&self) -> Result<()> {
+        let path = self.dir.join(HEAD_RECORD_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(Error::Io {
+                    context: "reading the head record",
+                    source,
+                });
+            }
+        };
+        let malformed = || Error::Damaged {
+            reason: format!("{} is malformed", path.display()),
+        };
+        let mut lines = text.lines();
+        if lines.next() != Some("vmplane-head v1") {
+            return Err(malformed());
+        }
+        let position: u64 = lines
+            .next()
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(malformed)?;
+        let hash = lines
+            .next()
+            .and_then(|l| hex::decode(l).ok())
+            .ok_or_else(malformed)?;
+        let head = self.durable_head();
+        if position > head {
+            return Err(Error::Damaged {
+                reason: format!(
+                    "the log ends at position {head}, but position {position} was committed: \
+                     the storage engine dropped the log's tail (damaged files?)"
+                ),
+            });
+        }
+        if position > 0 {
+            let event = self.read_event(Position(position))?;
+            if event.is_none_or(|event| event.hash[..] != hash[..]) {
+                return Err(Error::Corrupt {
+                    position: Position(position),
+                    reason: "the event's hash differs from the one recorded when it was committed"
+                        .into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the durable head to [`HEAD_RECORD_FILE`] (write, sync, rename, sync the directory).
+    fn record_head(&self) -> std::io::Result<()> {
+        let (position, hash) = {
+            let state = lock(&self.state);
+            (state.last_position, state.last_hash)
+        };
+        if position > self.durable_head() {
+            return Ok(());
+        }
+        let text = format!("vmplane-head v1\n{position}\n{}\n", hex::encode(hash));
+        let temp = self.dir.join(format!("{HEAD_RECORD_FILE}.tmp"));
+        let mut file = File::create(&temp)?;
+        std::io::Write::write_all(&mut file, text.as_bytes())?;
+        file.sync_data()?;
+        std::fs::rename(&temp, self.dir.join(HEAD_RECORD_FILE))?;
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Refreshes the head record if it is older than [`HEAD_RECORD_INTERVAL`].
+    fn maybe_record_head(&self) {
+        let mut recorded = lock(&self.head_recorded);
+        if recorded.elapsed() < HEAD_RECORD_INTERVAL {
+            return;
+        }
+        *recorded = Instant::now();
+        if let Err(err) = self.record_head() {
+            tracing::warn!(%err, "could not refresh the head record");
+        }
+    }
+
+    fn durable_head(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// The batch holding `position`: its first position and value.
+    fn batch_containing(&self, position: u64) -> Result<Option<(u64, sled::IVec)>> {
+        let found = self
+            .db
+            .range(keys::batch(0)..=keys::batch(position))
+            .next_back();
+        let Some(item) = found else { return Ok(None) };
+        let (key, value) = item.map_err(engine("reading a batch"))?;
+        Ok(Some((keys::batch_position(&key)?, value)))
+    }
+
+    fn batch_at(&self, first_position: u64) -> Result<sled::IVec> {
+        self.db
+            .get(keys::batch(first_position))
+            .map_err(engine("reading a batch"))?
+            .ok_or_else(|| Error::Corrupt {
+                position: Position(first_position),
+                reason: "the stream index points at a batch that is missing".into(),
+            })
+    }
+
+    /// Visits events after `after` up to `last` (inclusive). Returns the last visited position.
+    fn visit_range(&self, after: u64, last: u64, visit: Visitor<'_>) -> Result<u64> {
+        if after >= last {
+            return Ok(after);
+        }
+        let start = match self.batch_containing(after + 1)? {
+            Some((first, _)) => first,
+            None => 1,
+        };
+        let mut visited = after;
+        let mut expected_first = None;
+        for item in self.db.range(keys::batch(start)..=keys::batch(last)) {
+            let (key, value) = item.map_err(engine("reading the log"))?;
+            let first = keys::batch_position(&key)?;
+            if let Some(expected) = expected_first
+                && first != expected
+            {
+                return Err(Error::Corrupt {
+                    position: Position(expected),
+                    reason: format!("gap in the log: the next batch starts at {first}"),
+                });
+            }
+            let stopped = with_view(&value, first, |view| {
+                expected_first = Some(view.last_position() + 1);
+                view.visit(after, last, &mut |event| {
+                    visited = event.position.0;
+                    visit(event)
+                })
+            })?;
+            if stopped {
+                break;
+            }
+        }
+        Ok(visited)
+    }
+
+    fn read_stream_inner(
+        &self,
+        stream: &str,
+        from: Revision,
+        direction: Direction,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let max_count = max_count.min(self.options.limits.read_events_max);
+        let mut events = Vec::new();
+        if max_count == 0 || stream.len() > self.options.limits.stream_name_bytes_max {
+            return Ok(events);
+        }
+        let head = self.durable_head();
+        let mut cache: Option<(u64, sled::IVec)> = None;
+        let mut fetch = |entry: &keys::StreamEntry,
+                         revision: Revision|
+         -> Result<Option<RecordedEvent>> {
+            let position = entry.position_of(revision);
+            if position.0 > head {
+                return Ok(None);
+            }
+            if cache
+                .as_ref()
+                .is_none_or(|(first, _)| *first != entry.batch_position)
+            {
+                cache = Some((entry.batch_position, self.batch_at(entry.batch_position)?));
+            }
+            let Some((first, value)) = &cache else {
+                return Ok(None);
+            };
+            let event = with_view(value, *first, |view| {
+                let index = position.0.checked_sub(*first).map(|i| i as usize);
+                match index {
+                    Some(index) if index < view.len() => Ok(view.event(index)?.to_owned_event()),
+                    _ => Err(Error::Corrupt {
+                        position,
+                        reason: format!(
+                            "the stream index puts it in batch {first}, which lacks it"
+                        ),
+                    }),
+                }
+            })?;
+            if event.stream != stream || event.revision != revision {
+                return Err(Error::Corrupt {
+                    position,
+                    reason: format!(
+                        "the stream index says {stream}@{revision}, the event is {}@{}",
+                        event.stream, event.revision
+                    ),
+                });
+            }
+            Ok(Some(event))
+        };
+        let lowest = keys::stream_entry(stream, 0);
+        let highest = keys::stream_entry(stream, u64::MAX);
+        match direction {
+            Direction::Forward => {
+                let from = from.max(1);
+                // The entry holding `from` may start below it.
+                let start = match self
+                    .db
+                    .range(lowest.clone()..=keys::stream_entry(stream, from))
+                    .next_back()
+                {
+                    Some(item) => item.map_err(engine("reading the stream index"))?.0.to_vec(),
+                    None => keys::stream_entry(stream, from),
+                };
+                'entries: for item in self.db.range(start..=highest) {
+                    let (key, value) = item.map_err(engine("reading the stream index"))?;
+                    let entry = keys::parse_stream_entry(stream, &key, &value)?;
+                    for revision in entry.first_revision.max(from)..=entry.last_revision() {
+                        let Some(event) = fetch(&entry, revision)? else {
+                            break 'entries;
+                        };
+                        events.push(event);
+                        if events.len() >= max_count {
+                            break 'entries;
+                        }
+                    }
+                }
+            }
+            Direction::Backward => {
+                if from == 0 {
+                    return Ok(events);
+                }
+                'entries: for item in self
+                    .db
+                    .range(lowest..=keys::stream_entry(stream, from))
+                    .rev()
+                {
+                    let (key, value) = item.map_err(engine("reading the stream index"))?;
+                    let entry = keys::parse_stream_entry(stream, &key, &value)?;
+                    for revision in (entry.first_revision..=entry.last_revision().min(from)).rev() {
+                        // Events past the durable head are skipped, not an end: older ones follow.
+                        if entry.position_of(revision).0 > head {
+                            continue;
+                        }
+                        events.extend(fetch(&entry, revision)?);
+                        if events.len() >= max_count {
+                            break 'entries;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    fn verify_inner(&self, validate_payload: PayloadValidator<'_>) -> Result<VerifyReport> {
+        let head = self.durable_head();
+        let mut expected = 1u64;
+        let mut prev_hash = GENESIS_PREV_HASH;
+        let mut last_recorded_at = i64::MIN;
+        let mut revisions: HashMap<String, Revision> = HashMap::new();
+        for item in self.db.range(keys::batch(0)..=keys::batch(head)) {
+            let (key, value) = item.map_err(engine("reading the log"))?;
+            let first = keys::batch_position(&key)?;
+            if first != expected {
+                return Err(Error::Corrupt {
+                    position: Position(expected),
+                    reason: format!("gap in the log: the next batch starts at {first}"),
+                });
+            }
+            with_view(&value, first, |view| {
+                for index in 0..view.len() {
+                    let event = view.event(index)?;
+                    let position = event.position;
+                    let corrupt = |reason: String| Error::Corrupt { position, reason };
+                    if event.prev_hash != &prev_hash {
+                        return Err(corrupt("the previous hash does not match the chain".into()));
+                    }
+                    if event_hash(&event) != *event.hash {
+                        return Err(corrupt(
+                            "the event's hash does not match its content".into(),
+                        ));
+                    }
+                    let revision = revisions.entry(event.stream.to_owned()).or_insert(0);
+                    if event.revision != *revision + 1 {
+                        return Err(corrupt(format!(
+                            "stream {} jumps from revision {} to {}",
+                            event.stream, revision, event.revision
+                        )));
+                    }
+                    *revision = event.revision;
+                    if event.recorded_at.0 < last_recorded_at {
+                        return Err(corrupt("recorded_at goes backwards".into()));
+                    }
+                    last_recorded_at = event.recorded_at.0;
+                    self.verify_id_index(&event)?;
+                    validate_payload(event.event_type, event.schema_version, event.payload)
+                        .map_err(|reason| {
+                            corrupt(format!(
+                                "payload of {} v{} does not decode: {reason}",
+                                event.event_type, event.schema_version
+                            ))
+                        })?;
+                    prev_hash = *event.hash;
+                    expected += 1;
+                }
+                Ok(())
+            })?;
+        }
+        if expected != head + 1 {
+            return Err(Error::Corrupt {
+                position: Position(expected),
+                reason: format!("the log ends at {} but its head is {head}", expected - 1),
+            });
+        }
+        Ok(VerifyReport {
+            events: head,
+            head_hash: prev_hash,
+        })
+    }
+
+    /// Pair check: the event-id index points back at the event.
+    fn verify_id_index(&self, event: &RecordedEventRef<'_>) -> Result<()> {
+        let found = self
+            .db
+            .get(keys::id(&event.id))
+            .map_err(engine("reading the id index"))?;
+        let location = match found {
+            Some(value) => keys::parse_id_value(&event.id, &value).ok(),
+            None => None,
+        };
+        let expected = IdLocation {
+            position: event.position.0,
+            revision: event.revision,
+            stream: event.stream.to_owned(),
+        };
+        if location.as_ref() != Some(&expected) {
+            return Err(Error::Corrupt {
+                position: event.position,
+                reason: format!(
+                    "the event-id index entry of {} is missing or wrong",
+                    event.id
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SledLog {
+    fn drop(&mut self) {
+        if lock(&self.state).poisoned.is_none()
+            && let Err(err) = self.record_head()
+        {
+            tracing::warn!(%err, "could not record the head at close");
+        }
+    }
+}
+
+impl EventLog for SledLog {
+    fn append(&self, request: AppendRequest) -> Result<AppendResult> {
+        self.append_grouped(request)
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from: Revision,
+        direction: Direction,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        guarded("reading a stream", || {
+            self.read_stream_inner(stream, from, direction, max_count)
+        })
+    }
+
+    fn read_all(&self, after: Position, max_count: usize) -> Result<Vec<RecordedEvent>> {
+        let max_count = max_count.min(self.options.limits.read_events_max);
+        let mut events = Vec::with_capacity(max_count.min(1024));
+        if max_count == 0 {
+            return Ok(events);
+        }
+        guarded("reading the log", || {
+            self.visit_range(after.0, self.durable_head(), &mut |event| {
+                events.push(event.to_owned_event());
+                if events.len() >= max_count {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+        })?;
+        Ok(events)
+    }
+
+    fn scan(&self, after: Position, visit: Visitor<'_>) -> Result<Position> {
+        guarded("scanning the log", || {
+            self.visit_range(after.0, self.durable_head(), visit)
+        })
+        .map(Position)
+    }
+
+    fn read_event(&self, position: Position) -> Result<Option<RecordedEvent>> {
+        if position.0 == 0 || position.0 > self.durable_head() {
+            return Ok(None);
+        }
+        guarded("reading an event", || {
+            let Some((first, value)) = self.batch_containing(position.0)? else {
+                return Err(Error::Corrupt {
+                    position,
+                    reason: "no batch holds it".into(),
+                });
+            };
+            with_view(&value, first, |view| {
+                if position.0 > view.last_position() {
+                    return Err(Error::Corrupt {
+                        position,
+                        reason: "no batch holds it".into(),
+                    });
+                }
+                Ok(Some(
+                    view.event((position.0 - first) as usize)?.to_owned_event(),
+                ))
+            })
+        })
+    }
+
+    fn position_at(&self, at: Timestamp) -> Result<Position> {
+        let head = self.durable_head();
+        guarded("reading the time index", || {
+            let upper = keys::time(at, u64::MAX);
+            match self
+                .db
+                .range(keys::time(Timestamp(i64::MIN), 0)..=upper)
+                .next_back()
+            {
+                None => Ok(Position(0)),
+                Some(item) => {
+                    let (key, _) = item.map_err(engine("reading the time index"))?;
+                    // A batch being committed now has the latest time, so everything durable
+                    // is at or before it.
+                    Ok(Position(keys::time_position(&key)?.min(head)))
+                }
+            }
+        })
+    }
+
+    fn head(&self) -> Position {
+        Position(self.durable_head())
+    }
+
+    fn wait_for(&self, position: Position, timeout: Duration) -> Result<Position> {
+        let deadline = Instant::now() + timeout;
+        let mut guard = lock(&self.head_lock);
+        loop {
+            let head = self.durable_head();
+            if head >= position.0 {
+                return Ok(Position(head));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Position(head));
+            }
+            guard = self
+                .head_changed
+                .wait_timeout(guard, left)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
+
+    fn stream_revision(&self, stream: &str) -> Result<Option<Revision>> {
+        Ok(lock(&self.state).heads.get(stream).copied())
+    }
+
+    fn claim_holder(&self, key: &str) -> Result<Option<String>> {
+        Ok(lock(&self.state).claims.get(key).cloned())
+    }
+
+    fn verify(&self, validate_payload: PayloadValidator<'_>) -> Result<VerifyReport> {
+        guarded("verifying the log", || self.verify_inner(validate_payload))
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.options.limits
+    }
+}
+
+/// Opens sled, waiting a little if this process's previous handle on the same directory is still
+/// being torn down: sled 0.34 releases its file lock through deferred (epoch-based) cleanup, so a
+/// reopen right after a drop can briefly find the lock held.
+fn open_sled(config: &sled::Config) -> Result<sled::Db> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match config.open() {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(err))
+                if err.to_string().contains("could not acquire lock")
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(err) => return Err(engine("opening sled")(err)),
+        }
+    }
+}
+
+/// Runs `body` against the batch value `value` stored under `first`, realigning it if needed.
+fn with_view<R>(
+    value: &sled::IVec,
+    first: u64,
+    body: impl FnOnce(BatchView<'_>) -> Result<R>,
+) -> Result<R> {
+    if needs_realign(value) {
+        let copy = realigned(value);
+        body(BatchView::new(&copy, first)?)
+    } else {
+        body(BatchView::new(value, first)?)
+    }
+}
+
+/// Runs `body`, turning a panic inside the engine into [`Error::Damaged`].
+fn guarded<T>(context: &'static str, body: impl FnOnce() -> Result<T>) -> Result<T> {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            Err(Error::Damaged {
+                reason: format!("storage engine panicked while {context}: {message}"),
+            })
+        }
+    }
+}
+
+fn engine(context: &'static str) -> impl Fn(sled::Error) -> Error {
+    move |err| match err {
+        sled::Error::Io(source) => Error::Io { context, source },
+        sled::Error::Corruption { .. } => Error::Damaged {
+            reason: format!("{context}: {err}"),
+        },
+        other => Error::Storage {
+            context,
+            reason: other.to_string(),
+        },
+    }
+}
+
+fn utf8(bytes: &[u8], what: &str) -> Result<String> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| Error::Damaged {
+        reason: format!("a stored {what} is not UTF-8"),
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,41 @@
+//! The storage contract, run against the sled backend.
+
+use std::sync::Arc;
+
+use vmplane_store::contract::Fixture;
+use vmplane_store::{EventLog, SledLog};
+
+struct SledFixture {
+    dir: tempfile::TempDir,
+    log: Option<Arc<SledLog>>,
+}
+
+impl Fixture for SledFixture {
+    fn log(&self) -> Arc<dyn EventLog> {
+        self.log.clone().expect("the log is open")
+    }
+
+    fn reopen(&mut self) -> Arc<dyn EventLog> {
+        let old = self.log.take().expect("the log is open");
+        assert_eq!(
+            Arc::strong_count(&old),
+            1,
+            "callers dropped their handles before reopening"
+        );
+        drop(old);
+        let log = Arc::new(SledLog::open(self.dir.path()).expect("reopen"));
+        self.log = Some(Arc::clone(&log));
+        log
+    }
+}
+
+fn fixture() -> Box<dyn Fixture> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = Arc::new(SledLog::open(dir.path()).expect("open"));
+    Box::new(SledFixture {
+        dir,
+        log: Some(log),
+    })
+}
+
+vmplane_store::contract_tests!(fixture);

@@ -1,0 +1,4 @@
+//! End-to-end tests of the real `vmplane` binary. One module per area.
+
+mod fixtures;
+mod serve;

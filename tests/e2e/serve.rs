@@ -1,0 +1,148 @@
+//! `vmplane serve`: opens the log, serves health and reflection, refuses unsafe listens, exits
+//! cleanly on SIGTERM.
+
+use std::time::Duration;
+
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+use vmplane_gateway::pb::{LogInfoRequest, admin_client::AdminClient};
+use vmplane_tests::{Server, run_cli};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+async fn channel(server: &Server) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(server.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect to vmplane")
+}
+
+#[test]
+fn serve_answers_health_checks_as_serving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &[]);
+    rt().block_on(async {
+        let mut health = HealthClient::new(channel(&server).await);
+        // The overall server ("") and the Admin service both report SERVING.
+        for service in ["", "vmplane.v1.Admin"] {
+            let resp = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .expect("health check")
+                .into_inner();
+            assert_eq!(resp.status(), ServingStatus::Serving, "service {service:?}");
+        }
+    });
+}
+
+#[test]
+fn serve_lists_its_services_through_reflection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let services = rt().block_on(async {
+        let mut client = ServerReflectionClient::new(channel(&server).await);
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut stream = client
+            .server_reflection_info(tokio_stream::iter(vec![req]))
+            .await
+            .expect("reflection call")
+            .into_inner();
+        let resp = stream
+            .message()
+            .await
+            .expect("reflection answer")
+            .expect("one answer");
+        match resp.message_response {
+            Some(MessageResponse::ListServicesResponse(list)) => {
+                list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+            }
+            other => panic!("unexpected reflection answer {other:?}"),
+        }
+    });
+    for want in ["vmplane.v1.Admin", "grpc.health.v1.Health"] {
+        assert!(
+            services.iter().any(|s| s == want),
+            "{want} missing from {services:?}"
+        );
+    }
+}
+
+#[test]
+fn serve_reports_the_head_of_an_existing_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let appended = crate::fixtures::append_events(&data, 7);
+    let server = Server::start(&data, &[]);
+    let info = rt().block_on(async {
+        AdminClient::new(channel(&server).await)
+            .log_info(LogInfoRequest {})
+            .await
+            .expect("log info")
+            .into_inner()
+    });
+    assert_eq!(info.head_position, appended);
+    assert_eq!(info.backend, "sled");
+}
+
+#[test]
+fn serve_refuses_a_non_loopback_listen_without_auth() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8 path");
+    let (code, _out, err) = run_cli(&["serve", "--data", data, "--listen", "0.0.0.0:0"]);
+    assert_ne!(
+        code, 0,
+        "a non-loopback listen without --auth must be refused"
+    );
+    assert!(
+        err.contains("--listen") && err.contains("--auth"),
+        "unclear error: {err}"
+    );
+    assert!(
+        !std::path::Path::new(data).exists(),
+        "a refused start must not create the data dir"
+    );
+}
+
+#[test]
+fn serve_exits_cleanly_on_sigterm_and_reopens_the_same_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let status = server.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    // The log is closed cleanly: a second server opens it.
+    let server = Server::start(&data, &[]);
+    assert!(server.stderr().contains("ready"), "{}", server.stderr());
+}
+
+#[test]
+fn serve_reports_a_damaged_log_as_an_error_without_panicking() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    crate::fixtures::append_events(&data, 3);
+    crate::fixtures::damage_log(&data);
+    let data = data.to_str().expect("utf-8 path");
+    let (code, _out, err) = run_cli(&["serve", "--data", data, "--listen", "127.0.0.1:0"]);
+    assert_ne!(code, 0, "a damaged log must not be served");
+    assert!(!err.contains("panicked"), "the server panicked: {err}");
+    assert!(
+        err.contains("vmplane: error:"),
+        "no clear error line: {err}"
+    );
+}
