@@ -97,6 +97,16 @@ pub mod streams {
     /// `cluster/config`: the KubeVirt configuration object.
     pub const CLUSTER_CONFIG: &str = "cluster/config";
 
+    /// The stream a manifest belongs to (its namespace, or `default` when it names none).
+    pub fn for_manifest(m: &crate::types::Manifest) -> String {
+        let meta = m.metadata();
+        let ns = meta
+            .namespace
+            .as_deref()
+            .unwrap_or(crate::defaults::DEFAULT_NAMESPACE);
+        for_object(m.kind(), ns, meta.name_str())
+    }
+
     /// The stream of any object of `kind` (namespace ignored for cluster-scoped kinds).
     pub fn for_object(kind: crate::types::Kind, namespace: &str, name: &str) -> String {
         use crate::types::Kind::*;

@@ -69,6 +69,8 @@
 //! assert_eq!(state.generation, 1);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod aggregate;
 pub mod ctx;
 pub mod decision;

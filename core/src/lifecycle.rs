@@ -328,7 +328,7 @@ pub fn conditions(s: &VmState, now_ms: i64) -> Vec<Condition> {
             message: format!(
                 "{} VMI(s) in a row ended before running; next start in {} s",
                 s.run.consecutive_failures,
-                (until_ms - now_ms).max(0).div_euclid(1000)
+                until_ms.saturating_sub(now_ms).max(0).div_euclid(1000)
             ),
         });
     }
@@ -391,4 +391,36 @@ pub fn render(s: &VmState, now_ms: i64) -> Option<VirtualMachine> {
     }
     vm.status = Some(Value::Object(status));
     Some(vm)
+}
+
+/// The VM's current VMI as `get vmi <name>` shows it: named like the VM, with the expanded
+/// spec it was launched from and a status (`phase`, `nodeName`, `reason`). `None` when the VM
+/// has no VMI.
+pub fn render_vmi(s: &VmState) -> Option<crate::types::VirtualMachineInstance> {
+    let run = s.run.vmi.as_ref()?;
+    let expanded = run.started.expanded.as_ref();
+    let template = expanded.and_then(|vm| vm.spec.template.as_ref());
+    let mut metadata = template
+        .and_then(|t| t.metadata.clone())
+        .unwrap_or_default();
+    metadata.name = Some(s.name.clone());
+    metadata.namespace = Some(s.namespace.clone());
+    metadata.uid = Some(run.uid.to_string());
+    let mut status = serde_json::Map::new();
+    status.insert("phase".into(), json!(run.phase.as_str()));
+    if let Some(node) = &run.node {
+        status.insert("nodeName".into(), json!(node));
+    }
+    if let Some(reason) = &run.reason {
+        status.insert("reason".into(), json!(reason));
+    }
+    status.insert("virtualMachineGeneration".into(), json!(run.vm_generation));
+    Some(crate::types::VirtualMachineInstance {
+        api_version: crate::types::Kind::VirtualMachineInstance.api_version(),
+        kind: "VirtualMachineInstance".into(),
+        metadata,
+        spec: template.and_then(|t| t.spec.clone()).unwrap_or_default(),
+        status: Some(Value::Object(status)),
+        extra: Default::default(),
+    })
 }

@@ -1,6 +1,6 @@
 //! Limits on input from outside, each with its unit in its name (TigerBeetle style).
 //!
-//! Every manifest goes through [`crate::parse`], which checks the byte size before it parses,
+//! Every manifest goes through [`crate::types::parse_documents`], which checks the byte size before it parses,
 //! and then the structural limits below; [`crate::validate`] checks the counts and lengths.
 //! Nothing from outside can make core allocate more than a small multiple of
 //! [`MANIFEST_BYTES_MAX`].

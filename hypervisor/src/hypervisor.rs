@@ -54,7 +54,8 @@ pub trait Hypervisor: Send + Sync {
 
     /// A new stream of lifecycle events of this node's domains. Events are hints for a
     /// level-triggered caller: they carry the UUID, and a caller acts only on UUIDs it owns.
-    /// The stream ends (the sender is dropped) when the hypervisor is dropped.
+    /// A subscriber that falls behind a bounded buffer loses events (never blocks the node),
+    /// so a caller re-lists now and then. The stream ends when the hypervisor is dropped.
     fn subscribe(&self) -> Result<Receiver<LifecycleEvent>, HypervisorError>;
 }
 

@@ -16,7 +16,8 @@
 //!    written with an escaping XML writer, and the metadata read back for adoption.
 //! 3. [`Hypervisor`] (module [`hypervisor`]): what the reconciler may ask of one node, with
 //!    [`DomainStatus`], [`LifecycleEvent`], [`OwnedDomain`] and [`Resources`].
-//! 4. [`LibvirtHypervisor`] (module [`libvirt`]): the trait on one libvirt connection.
+//! 4. [`LibvirtHypervisor`] (module [`libvirt`]): the trait on one libvirt connection, with
+//!    [`LibvirtOptions`]; [`libvirt::init`] starts libvirt's event-loop thread once per process.
 //! 5. [`Nodes`] and [`place`] (module [`nodes`]): named connections and the placement of a VMI
 //!    on a node with room, or [`Unschedulable`].
 //! 6. [`HypervisorError`] and [`SpecError`] (module [`error`]).

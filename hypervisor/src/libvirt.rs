@@ -10,13 +10,13 @@
 //! - libvirt's default event loop runs on one process-wide thread, `libvirt-events`, started
 //!   by [`init`] (which every `open` calls first, as libvirt wants the loop registered before
 //!   the first connection). The thread lives as long as the process.
-//! - Lifecycle events arrive on that thread in [`lifecycle_callback`], which only copies the
+//! - Lifecycle events arrive on that thread in `lifecycle_callback`, which only copies the
 //!   domain's UUID and name (local accessors, no libvirt round trip) and sends them to every
 //!   subscriber's channel. It never blocks and never calls back into libvirt.
 
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_uchar, c_void};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -33,6 +33,11 @@ use crate::hypervisor::{
 };
 use crate::spec::{DomainSpec, InstanceMetadata, METADATA_NAMESPACE_URI};
 use crate::xml::{parse_metadata, render_domain};
+
+/// Events a subscriber may leave unread before further events for it are dropped. Events
+/// are hints to a level-triggered caller, which re-reads the state anyway; bounding the
+/// buffer keeps a stalled subscriber from growing memory or blocking libvirt's event thread.
+pub const SUBSCRIBER_BUFFER_EVENTS_MAX: usize = 1024;
 
 /// How long the event thread pauses after `virEventRunDefaultImpl` fails, so that a broken
 /// loop logs instead of spinning a core.
@@ -74,13 +79,22 @@ pub fn init() -> Result<(), HypervisorError> {
 /// by libvirt (through the callback's opaque pointer, released by [`free_fanout`]).
 #[derive(Default)]
 struct Fanout {
-    subscribers: Mutex<Vec<Sender<LifecycleEvent>>>,
+    subscribers: Mutex<Vec<SyncSender<LifecycleEvent>>>,
 }
 
 impl Fanout {
+    /// Hands the event to every subscriber without blocking; forgets subscribers that are
+    /// gone and drops the event for those whose buffer is full.
     fn send(&self, event: LifecycleEvent) {
         let mut subscribers = self.subscribers.lock().unwrap_or_else(|p| p.into_inner());
-        subscribers.retain(|tx| tx.send(event.clone()).is_ok());
+        subscribers.retain(|tx| match tx.try_send(event.clone()) {
+            Ok(()) => true,
+            Err(TrySendError::Full(dropped)) => {
+                tracing::debug!(uuid = %dropped.uuid, "subscriber buffer full; lifecycle event dropped");
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        });
     }
 
     fn close(&self) {
@@ -537,7 +551,7 @@ impl Hypervisor for LibvirtHypervisor {
                 uri: self.uri.clone(),
             });
         }
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(SUBSCRIBER_BUFFER_EVENTS_MAX);
         self.events
             .subscribers
             .lock()

@@ -513,3 +513,76 @@ fn skip_element(reader: &mut NsReader<&[u8]>) -> Result<(), MetadataError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "0b9f6e1c-3a52-4d7e-9f10-2c6b8a4d5e70";
+
+    fn expect_err(xml: &str, needle: &str) {
+        match parse_metadata(xml) {
+            Err(e) => assert!(e.reason.contains(needle), "{e} does not say {needle:?}"),
+            other => panic!("expected an error about {needle:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_the_unprefixed_fragment_libvirt_returns() {
+        // What virDomainGetMetadata(ELEMENT, vmplane's URI) gives back: the namespace stripped.
+        let xml = format!(
+            "<instance>\n  <name>a&lt;b</name>\n  <namespace>ns</namespace>\n  \
+             <vmi-uid>{UID}</vmi-uid>\n  <labels><label key=\"k&amp;\">v&#x41;</label>\
+             <label key=\"e\"/></labels>\n</instance>"
+        );
+        let meta = parse_metadata(&xml).expect("readable").expect("present");
+        assert_eq!((meta.name.as_str(), meta.namespace.as_str()), ("a<b", "ns"));
+        assert_eq!(meta.vmi_uid.to_string(), UID);
+        assert_eq!(meta.labels.get("k&").map(String::as_str), Some("vA"));
+        assert_eq!(meta.labels.get("e").map(String::as_str), Some(""));
+    }
+
+    #[test]
+    fn ignores_other_namespaces_and_unknown_fields() {
+        let other = "<domain><metadata><x:instance xmlns:x='urn:other'><x:name>n</x:name>\
+                     </x:instance></metadata><name>instance</name></domain>";
+        assert_eq!(parse_metadata(other), Ok(None));
+        // An unprefixed `instance` deeper in a domain is not ours either.
+        assert_eq!(parse_metadata("<domain><instance/></domain>"), Ok(None));
+        let newer = format!(
+            "<domain><metadata><v:instance xmlns:v='{METADATA_NAMESPACE_URI}'><v:future><v:name>x</v:name>\
+             </v:future><v:name>n</v:name><v:namespace>ns</v:namespace><v:vmi-uid>{UID}</v:vmi-uid>\
+             </v:instance></metadata></domain>"
+        );
+        let meta = parse_metadata(&newer).expect("readable").expect("present");
+        assert_eq!(meta.name, "n");
+    }
+
+    #[test]
+    fn rejects_incomplete_or_broken_metadata() {
+        expect_err(
+            "<instance><name>n</name><namespace>ns</namespace></instance>",
+            "no vmi-uid",
+        );
+        expect_err(
+            &format!(
+                "<instance><name>n</name><name>m</name><namespace>s</namespace><vmi-uid>{UID}</vmi-uid></instance>"
+            ),
+            "name appears twice",
+        );
+        expect_err(
+            "<instance><name>n</name><namespace>s</namespace><vmi-uid>nope</vmi-uid></instance>",
+            "not a UUID",
+        );
+        expect_err(
+            "<instance><name>n<b/></name></instance>",
+            "element where text",
+        );
+        expect_err("<instance><name>n</name>", "ends inside");
+        expect_err(
+            "<instance><name>&bogus;</name></instance>",
+            "unknown entity",
+        );
+        expect_err("<instance/>", "empty");
+    }
+}

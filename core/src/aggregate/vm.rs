@@ -61,6 +61,9 @@ pub struct StartedSpec {
     pub instancetype: Option<(Kind, String, u64)>,
     /// The preference revision at launch.
     pub preference: Option<(Kind, String, u64)>,
+    /// The fully expanded VMI spec the run was launched with (instancetype, preference and
+    /// defaults applied): what the hypervisor runs and `get vmi` shows.
+    pub expanded: Option<VirtualMachine>,
 }
 
 /// One VMI run of the VM.
@@ -190,6 +193,10 @@ pub struct PutVm {
     pub instancetype: Option<Instancetype>,
     /// The referenced preference, likewise.
     pub preference: Option<Preference>,
+    /// The origin to record for a UUID given in the manifest at creation (default
+    /// `UserSpecified`; the restore and clone flows pass `Restored`/`Cloned`/…, see
+    /// [`crate::firmware::identity_for_restore`]).
+    pub identity_origin: Option<FirmwareOrigin>,
 }
 
 impl PutVm {
@@ -201,6 +208,7 @@ impl PutVm {
             expected_generation: None,
             instancetype: None,
             preference: None,
+            identity_origin: None,
         }
     }
 }
@@ -483,6 +491,7 @@ fn started_spec(s: &VmState) -> StartedSpec {
         template_spec: s.vm.as_ref().and_then(|v| v.vmi_spec().cloned()),
         instancetype: s.instancetype.as_ref().map(Captured::revision),
         preference: s.preference.as_ref().map(Captured::revision),
+        expanded: s.expand().ok(),
     }
 }
 
@@ -695,7 +704,10 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
             .and_then(|f| f.uuid.as_deref())
             .and_then(|u| uuid::Uuid::parse_str(u).ok());
         let (fw_uuid, fw_origin) = match (given, p.origin) {
-            (Some(u), _) => (u, FirmwareOrigin::UserSpecified),
+            (Some(u), _) => (
+                u,
+                p.identity_origin.unwrap_or(FirmwareOrigin::UserSpecified),
+            ),
             (None, CreateOrigin::Import) => (legacy_firmware_uuid(&name), FirmwareOrigin::Legacy),
             (None, _) => (ctx.new_uuid_v4(), FirmwareOrigin::Generated),
         };

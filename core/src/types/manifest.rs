@@ -139,6 +139,41 @@ impl Kind {
     }
 }
 
+impl Kind {
+    /// The kind for one of kubectl's names (`vm`, `vms`, `virtualmachine(s)`, `vmi`,
+    /// `instancetype`, `clusterinstancetype`, `preference`, `clusterpreference`, `snapshot`,
+    /// `restore`, `clone`, `kubevirt`, …), case-insensitive.
+    pub fn from_cli_name(name: &str) -> Option<Kind> {
+        let lower = name.to_ascii_lowercase();
+        Self::from_singular(&lower).or_else(|| Self::from_singular(lower.strip_suffix('s')?))
+    }
+
+    fn from_singular(n: &str) -> Option<Kind> {
+        Some(match n {
+            "vm" | "virtualmachine" => Kind::VirtualMachine,
+            "vmi" | "virtualmachineinstance" => Kind::VirtualMachineInstance,
+            "instancetype" | "vminstancetype" | "virtualmachineinstancetype" => {
+                Kind::VirtualMachineInstancetype
+            }
+            "clusterinstancetype"
+            | "vmclusterinstancetype"
+            | "virtualmachineclusterinstancetype" => Kind::VirtualMachineClusterInstancetype,
+            "preference" | "vmpref" | "virtualmachinepreference" => Kind::VirtualMachinePreference,
+            "clusterpreference" | "vmcpref" | "virtualmachineclusterpreference" => {
+                Kind::VirtualMachineClusterPreference
+            }
+            "snapshot" | "vmsnapshot" | "virtualmachinesnapshot" => Kind::VirtualMachineSnapshot,
+            "restore" | "vmrestore" | "virtualmachinerestore" => Kind::VirtualMachineRestore,
+            "clone" | "vmclone" | "virtualmachineclone" => Kind::VirtualMachineClone,
+            "kubevirt" | "kv" => Kind::KubeVirt,
+            "pool" | "vmpool" | "virtualmachinepool" => Kind::VirtualMachinePool,
+            "vmirs" | "virtualmachineinstancereplicaset" => Kind::VirtualMachineInstanceReplicaSet,
+            "vmim" | "virtualmachineinstancemigration" => Kind::VirtualMachineInstanceMigration,
+            _ => return None,
+        })
+    }
+}
+
 impl std::fmt::Display for Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

@@ -565,3 +565,83 @@ fn overcommit_percent_sets_the_memory_request() {
         .unwrap();
     assert_eq!(req["memory"], "2Gi");
 }
+
+#[test]
+fn kubevirt_examples_with_instancetypes_conflict_now_and_were_valid_before_memory_defaults() {
+    let it = |file: &str| {
+        load(file)
+            .into_iter()
+            .find_map(|m| {
+                if let Manifest::Instancetype(o) = m {
+                    Some(*o)
+                } else {
+                    None
+                }
+            })
+            .unwrap()
+    };
+    let pref = |file: &str| {
+        load(file)
+            .into_iter()
+            .find_map(|m| {
+                if let Manifest::Preference(o) = m {
+                    Some(*o)
+                } else {
+                    None
+                }
+            })
+            .unwrap()
+    };
+    let cases = [
+        (
+            "vm-cirros-csmall.yaml",
+            Some(it("examples/csmall.yaml")),
+            None,
+        ),
+        (
+            "vm-windows-clarge-windows.yaml",
+            Some(it("examples/clarge.yaml")),
+            Some(pref("examples/windows.yaml")),
+        ),
+    ];
+    for (file, it, pref) in cases {
+        let current = load_vm(&format!("examples/{file}"));
+        let r = Scenario::new().when(put(current, it.clone(), pref.clone()));
+        assert_rejected(r, Category::Invalid, codes::INSTANCETYPE_CONFLICT);
+        let before = load_vm(&format!("examples-2025-05-pre-memory-default/{file}"));
+        let r = Scenario::new().when(put(before, it, pref));
+        assert!(r.is_ok(), "{file}: {}", r.unwrap_err());
+    }
+}
+
+#[test]
+fn the_vmi_of_a_run_carries_the_expanded_spec() {
+    let mut s = Scenario::new();
+    let mut vm = referencing("u1.medium", Some("fedora"));
+    vm.spec.run_strategy = Some("Always".into());
+    s.ok(put(vm, Some(u1("medium")), Some(cluster_pref("fedora"))));
+    s.ok(VmCommand::LaunchVmi);
+    let uid = s.state().run.vmi.as_ref().unwrap().uid;
+    s.ok(VmCommand::ObserveVmi {
+        vmi_uid: uid,
+        observation: VmiObservation::Scheduled {
+            node: "node-1".into(),
+        },
+    });
+    let vmi = lifecycle::render_vmi(&s.state()).unwrap();
+    assert_eq!(vmi.metadata.name.as_deref(), Some("example"));
+    assert_eq!(
+        vmi.spec
+            .domain
+            .memory
+            .as_ref()
+            .unwrap()
+            .guest
+            .as_ref()
+            .unwrap()
+            .to_string(),
+        "4Gi"
+    );
+    assert_eq!(vmi.status.as_ref().unwrap()["nodeName"], "node-1");
+    assert_eq!(vmi.status.as_ref().unwrap()["phase"], "Scheduled");
+}

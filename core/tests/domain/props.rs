@@ -51,7 +51,9 @@ fn command(state: &VmState, op: u8, a: u8, b: u8) -> VmCommand {
         2 => VmCommand::Delete {
             expected_generation: None,
         },
-        3 => VmCommand::Start { paused: a.is_multiple_of(2) },
+        3 => VmCommand::Start {
+            paused: a.is_multiple_of(2),
+        },
         4 => VmCommand::Stop,
         5 => VmCommand::Restart,
         6 => VmCommand::LaunchVmi,

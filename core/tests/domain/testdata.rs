@@ -169,3 +169,29 @@ fn json_input_and_multi_document_yaml_both_parse() {
         [Kind::KubeVirt, Kind::VirtualMachineSnapshot]
     );
 }
+
+#[test]
+fn kubectl_names_map_to_kinds() {
+    for (name, kind) in [
+        ("vm", Kind::VirtualMachine),
+        ("VMs", Kind::VirtualMachine),
+        ("virtualmachines", Kind::VirtualMachine),
+        ("vmi", Kind::VirtualMachineInstance),
+        ("vmis", Kind::VirtualMachineInstance),
+        ("instancetype", Kind::VirtualMachineInstancetype),
+        (
+            "clusterinstancetypes",
+            Kind::VirtualMachineClusterInstancetype,
+        ),
+        ("preference", Kind::VirtualMachinePreference),
+        ("clusterpreference", Kind::VirtualMachineClusterPreference),
+        ("snapshot", Kind::VirtualMachineSnapshot),
+        ("restore", Kind::VirtualMachineRestore),
+        ("clone", Kind::VirtualMachineClone),
+        ("kubevirt", Kind::KubeVirt),
+        ("vmirs", Kind::VirtualMachineInstanceReplicaSet),
+    ] {
+        assert_eq!(Kind::from_cli_name(name), Some(kind), "{name}");
+    }
+    assert_eq!(Kind::from_cli_name("pods"), None);
+}
