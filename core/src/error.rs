@@ -258,4 +258,14 @@ pub mod codes {
     pub const LAUNCH_NOT_WANTED: &str = "VMI_LAUNCH_NOT_WANTED";
     /// A feature vmplane does not implement.
     pub const UNSUPPORTED: &str = "NOT_SUPPORTED";
+    /// A feature gate name KubeVirt does not register.
+    pub const FEATURE_GATE_UNKNOWN: &str = "FEATURE_GATE_UNKNOWN";
+    /// A Discontinued feature gate is listed.
+    pub const FEATURE_GATE_DISCONTINUED: &str = "FEATURE_GATE_DISCONTINUED";
+    /// A gate is both enabled and disabled (both lists, or a list and its configurable).
+    pub const FEATURE_GATE_CONFLICT: &str = "FEATURE_GATE_CONFLICT";
+    /// A warning, not a rejection: a GA or Deprecated gate is listed.
+    pub const FEATURE_GATE_REDUNDANT: &str = "FEATURE_GATE_REDUNDANT";
+    /// A command or a VM needs a feature the cluster configuration has off.
+    pub const FEATURE_NOT_ENABLED: &str = "FEATURE_NOT_ENABLED";
 }

@@ -21,7 +21,12 @@
 //!   that maps to gRPC.
 //! * **Firmware UUID rules** ([`firmware`], semantics.md §1), **instancetype expansion**
 //!   ([`instancetype`]), and **lifecycle/status** as pure functions of state ([`lifecycle`]:
-//!   `desired_action`, `printable_status`, `conditions`, `render`).
+//!   `desired_action`, `printable_status`, `conditions`, `render`, all taking the cluster's
+//!   effective [`Features`]).
+//! * **Cluster feature configuration** ([`features`], semantics.md §6): KubeVirt's feature
+//!   gates with their stages and `IsEnabled` rules, feature configurables, validation of the
+//!   `KubeVirt` object, the effective state of every feature, the features a VM requests (with
+//!   the field), and [`features::require_feature`] for commands gated by a feature.
 //!
 //! ## Main types, in reading order
 //!
@@ -77,6 +82,7 @@ pub mod decision;
 pub mod defaults;
 pub mod error;
 pub mod event;
+pub mod features;
 pub mod firmware;
 pub mod instancetype;
 pub mod lifecycle;
@@ -92,4 +98,5 @@ pub use ctx::Ctx;
 pub use decision::{Claim, Decision, Outcome, streams};
 pub use error::{Category, Cause, Rejection, codes};
 pub use event::{DecodeError, EncodedEvent, Event, decode, encode, validate_payload};
+pub use features::{FeatureStatus, FeatureUse, Features};
 pub use quantity::Quantity;

@@ -1,12 +1,21 @@
-//! Lifecycle as pure functions of a [`VmState`]: run strategies, what the reconciler should do
-//! ([`desired_action`]), crash-loop backoff, `printableStatus`, conditions and the rendered
-//! object. Status is never stored; projections call these.
+//! Lifecycle as pure functions of a [`VmState`] and the cluster's effective [`Features`]: run
+//! strategies, what the reconciler should do ([`desired_action`]), crash-loop backoff,
+//! `printableStatus`, conditions and the rendered object; for standalone VMIs,
+//! [`vmi_conditions`] and [`vmi_blocked_by`]. Status is never stored; projections call these
+//! with the features folded from `cluster/config` ([`Features::from_cluster`]).
+//!
+//! Feature rules ([`crate::features`]): a VM whose spec requests a disabled feature is never
+//! launched ([`DesiredAction::FeatureNotEnabled`]) and shows why; a running VMI is never
+//! stopped because a feature it uses was disabled, it only shows a `FeatureMismatch`
+//! condition.
 
 use serde_json::{Value, json};
 
 use crate::aggregate::vm::{Existence, VmState};
+use crate::aggregate::vmi::VmiState;
 use crate::ctx::Ctx;
 use crate::event::VmiPhase;
+use crate::features::{self, FeatureUse, Features};
 use crate::limits::{CRASH_LOOP_BACKOFF_SECONDS_MAX, CRASH_LOOP_BACKOFF_SECONDS_MIN};
 use crate::types::VirtualMachine;
 
@@ -81,10 +90,47 @@ pub enum DesiredAction {
         /// ms since the epoch.
         until_ms: i64,
     },
+    /// A VMI should run but the spec requests a feature the cluster has off: no VMI is
+    /// created until it is enabled ([`feature_blockers`] lists every such field).
+    FeatureNotEnabled {
+        /// The first disabled feature requested.
+        feature: &'static str,
+    },
 }
 
-/// What should happen next, per run strategy, requests and backoff (kubevirt.md §4.1).
-pub fn desired_action(s: &VmState, now_ms: i64) -> DesiredAction {
+/// The disabled features the VM's next VMI would request (its current spec expanded with the
+/// captured instancetype and preference; the stored spec if that cannot be expanded), with
+/// their fields, in field order.
+pub fn feature_blockers(s: &VmState, features: &Features) -> Vec<FeatureUse> {
+    let uses = match s.expand() {
+        Ok(vm) => features::vm_features_requested(&vm),
+        Err(_) => {
+            s.vm.as_ref()
+                .map(features::vm_features_requested)
+                .unwrap_or_default()
+        }
+    };
+    features.disabled_uses(uses)
+}
+
+/// The disabled features the running (not yet ended) VMI uses, from the spec it was launched
+/// with: a feature disabled while the VM runs.
+pub fn running_feature_mismatch(s: &VmState, features: &Features) -> Vec<FeatureUse> {
+    let Some(v) = s.active_vmi() else {
+        return Vec::new();
+    };
+    let uses = match (&v.started.expanded, &v.started.template_spec) {
+        (Some(vm), _) => features::vm_features_requested(vm),
+        (None, Some(spec)) => features::features_requested(spec, "spec.template.spec"),
+        (None, None) => Vec::new(),
+    };
+    features.disabled_uses(uses)
+}
+
+/// What should happen next, per run strategy, requests, backoff (kubevirt.md §4.1) and the
+/// cluster's features (never `Launch` while the spec requests a disabled feature; a running
+/// VMI is never stopped for that).
+pub fn desired_action(s: &VmState, features: &Features, now_ms: i64) -> DesiredAction {
     let vmi = s.run.vmi.as_ref();
     if s.existence != Existence::Live {
         return match vmi {
@@ -125,6 +171,11 @@ pub fn desired_action(s: &VmState, now_ms: i64) -> DesiredAction {
     };
     if !wants_vmi {
         return DesiredAction::Nothing;
+    }
+    if let Some(blocker) = feature_blockers(s, features).first() {
+        return DesiredAction::FeatureNotEnabled {
+            feature: blocker.feature,
+        };
     }
     match s.run.backoff_until_ms {
         Some(until) if until > now_ms && rs != RunStrategy::Manual => {
@@ -187,10 +238,12 @@ impl PrintableStatus {
 }
 
 /// `printableStatus`, first match wins in KubeVirt's order (kubevirt.md §4.2).
-pub fn printable_status(s: &VmState, now_ms: i64) -> PrintableStatus {
+/// A VM held back by a disabled feature has no VMI and shows `Stopped` (KubeVirt has no
+/// printableStatus for it; the `Failure` condition says why).
+pub fn printable_status(s: &VmState, features: &Features, now_ms: i64) -> PrintableStatus {
     let vmi = s.run.vmi.as_ref();
     let active = s.active_vmi();
-    let action = desired_action(s, now_ms);
+    let action = desired_action(s, features, now_ms);
     if s.existence == Existence::Deleted && active.is_some() {
         return PrintableStatus::Terminating;
     }
@@ -272,8 +325,18 @@ impl Condition {
     }
 }
 
-/// The VM's conditions (kubevirt.md §4.3).
-pub fn conditions(s: &VmState, now_ms: i64) -> Vec<Condition> {
+/// KubeVirt's condition reason for a requested feature that is off.
+pub const FEATURE_NOT_ENABLED_REASON: &str = "FeatureNotEnabled";
+/// vmplane's condition type for a VM whose spec or running VMI uses a disabled feature.
+pub const FEATURE_MISMATCH_CONDITION: &str = "FeatureMismatch";
+/// The `FeatureMismatch` reason when the running VMI uses a feature disabled since its start.
+pub const FEATURE_DISABLED_WHILE_RUNNING_REASON: &str = "FeatureDisabledWhileRunning";
+
+/// The VM's conditions (kubevirt.md §4.3), plus the feature conditions: `Failure` /
+/// `FeatureNotEnabled` while the VM wants a VMI it cannot get, and `FeatureMismatch` whenever
+/// the running VMI (reason `FeatureDisabledWhileRunning`) or, with none running, the spec
+/// (reason `FeatureNotEnabled`) uses a disabled feature.
+pub fn conditions(s: &VmState, features: &Features, now_ms: i64) -> Vec<Condition> {
     let mut out = Vec::new();
     let ready = match s.run.vmi.as_ref() {
         None => Condition {
@@ -320,7 +383,41 @@ pub fn conditions(s: &VmState, now_ms: i64) -> Vec<Condition> {
             message: RESTART_REQUIRED_MESSAGE.into(),
         });
     }
-    if let DesiredAction::WaitBackoff { until_ms } = desired_action(s, now_ms) {
+    let action = desired_action(s, features, now_ms);
+    if let DesiredAction::FeatureNotEnabled { .. } = action {
+        out.push(Condition {
+            kind: "Failure",
+            status: true,
+            reason: FEATURE_NOT_ENABLED_REASON.into(),
+            message: features::not_enabled_message(&feature_blockers(s, features)),
+        });
+    }
+    let running = running_feature_mismatch(s, features);
+    if !running.is_empty() {
+        out.push(Condition {
+            kind: FEATURE_MISMATCH_CONDITION,
+            status: true,
+            reason: FEATURE_DISABLED_WHILE_RUNNING_REASON.into(),
+            message: format!(
+                "{}; the running VMI keeps running but cannot start again until it is enabled",
+                features::not_enabled_message(&running)
+            ),
+        });
+    } else if s.existence == Existence::Live && s.active_vmi().is_none() {
+        let blockers = feature_blockers(s, features);
+        if !blockers.is_empty() {
+            out.push(Condition {
+                kind: FEATURE_MISMATCH_CONDITION,
+                status: true,
+                reason: FEATURE_NOT_ENABLED_REASON.into(),
+                message: format!(
+                    "{}; the VM cannot start until it is enabled",
+                    features::not_enabled_message(&blockers)
+                ),
+            });
+        }
+    }
+    if let DesiredAction::WaitBackoff { until_ms } = action {
         out.push(Condition {
             kind: "Failure",
             status: true,
@@ -338,7 +435,7 @@ pub fn conditions(s: &VmState, now_ms: i64) -> Vec<Condition> {
 /// The VM as `get -o yaml` shows it: the stored object (effective firmware UUID in the spec,
 /// row 14) with uid, generation and a derived status. `resourceVersion` (a log position) and
 /// `creationTimestamp` are the caller's to add. `None` if the VM does not exist.
-pub fn render(s: &VmState, now_ms: i64) -> Option<VirtualMachine> {
+pub fn render(s: &VmState, features: &Features, now_ms: i64) -> Option<VirtualMachine> {
     if s.existence != Existence::Live {
         return None;
     }
@@ -349,7 +446,7 @@ pub fn render(s: &VmState, now_ms: i64) -> Option<VirtualMachine> {
     let mut status = serde_json::Map::new();
     status.insert(
         "printableStatus".into(),
-        json!(printable_status(s, now_ms).as_str()),
+        json!(printable_status(s, features, now_ms).as_str()),
     );
     status.insert(
         "ready".into(),
@@ -359,7 +456,7 @@ pub fn render(s: &VmState, now_ms: i64) -> Option<VirtualMachine> {
     if let Some(rs) = s.run_strategy() {
         status.insert("runStrategy".into(), json!(rs.as_str()));
     }
-    let conds: Vec<Value> = conditions(s, now_ms)
+    let conds: Vec<Value> = conditions(s, features, now_ms)
         .iter()
         .map(Condition::to_json)
         .collect();
@@ -423,4 +520,48 @@ pub fn render_vmi(s: &VmState) -> Option<crate::types::VirtualMachineInstance> {
         status: Some(Value::Object(status)),
         extra: Default::default(),
     })
+}
+
+/// The disabled features a standalone VMI requests while it has not been scheduled yet: the
+/// reconciler must not run it, and it stays `Pending`. Empty once it was scheduled or ran (a
+/// running VMI is never stopped for a feature disabled later).
+pub fn vmi_blocked_by(s: &VmiState, features: &Features) -> Vec<FeatureUse> {
+    let pending = s.is_live() && s.phase.is_none_or(|p| p == VmiPhase::Pending) && s.node.is_none();
+    match (&s.vmi, pending) {
+        (Some(vmi), true) => features.disabled_uses(features::vmi_features_requested(vmi)),
+        _ => Vec::new(),
+    }
+}
+
+/// A standalone VMI's feature conditions: `Synchronized=False` / `FeatureNotEnabled` while a
+/// requested feature keeps it `Pending` ([`vmi_blocked_by`]); `FeatureMismatch` /
+/// `FeatureDisabledWhileRunning` when a feature it runs with was disabled since.
+pub fn vmi_conditions(s: &VmiState, features: &Features) -> Vec<Condition> {
+    let mut out = Vec::new();
+    let blocked = vmi_blocked_by(s, features);
+    if !blocked.is_empty() {
+        out.push(Condition {
+            kind: "Synchronized",
+            status: false,
+            reason: FEATURE_NOT_ENABLED_REASON.into(),
+            message: features::not_enabled_message(&blocked),
+        });
+        return out;
+    }
+    let active = s.is_live() && s.phase.is_some_and(|p| !p.is_final());
+    if let (Some(vmi), true) = (&s.vmi, active) {
+        let running = features.disabled_uses(features::vmi_features_requested(vmi));
+        if !running.is_empty() {
+            out.push(Condition {
+                kind: FEATURE_MISMATCH_CONDITION,
+                status: true,
+                reason: FEATURE_DISABLED_WHILE_RUNNING_REASON.into(),
+                message: format!(
+                    "{}; the VMI keeps running",
+                    features::not_enabled_message(&running)
+                ),
+            });
+        }
+    }
+    out
 }

@@ -37,6 +37,9 @@ pub const INTERFACES_MAX: usize = 64;
 pub const NETWORKS_MAX: usize = 64;
 /// Longest firmware serial, in bytes (SMBIOS strings are short in practice).
 pub const FIRMWARE_SERIAL_BYTES_MAX: usize = 256;
+/// Most entries in `featureGates`, and in `disabledFeatureGates`, of the cluster configuration
+/// (KubeVirt registers under 100 gates).
+pub const FEATURE_GATES_PER_LIST_MAX: usize = 256;
 /// Most vCPUs one VM may ask for.
 pub const VCPUS_MAX: u64 = 1024;
 /// Longest quantity string (`"1.5Gi"`), in bytes.

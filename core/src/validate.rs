@@ -136,10 +136,19 @@ pub fn preference(o: &Preference) -> Result<(), Rejection> {
     c.finish()
 }
 
-/// Validates any other object (snapshot, restore, clone, KubeVirt).
+/// Validates any other object (snapshot, restore, clone; `KubeVirt` has [`kubevirt`]).
 pub fn object(o: &GenericObject, namespaced: bool) -> Result<(), Rejection> {
     let mut c = Causes::new();
     metadata(&o.metadata, namespaced, &mut c);
+    c.finish()
+}
+
+/// Validates the `KubeVirt` cluster configuration: metadata plus its feature configuration
+/// ([`crate::features::validate_config`]), every cause collected.
+pub fn kubevirt(o: &GenericObject) -> Result<(), Rejection> {
+    let mut c = Causes::new();
+    metadata(&o.metadata, true, &mut c);
+    crate::features::validate_config(o, &mut c);
     c.finish()
 }
 

@@ -80,6 +80,7 @@ fn validate_manifest(m: &Manifest) -> Result<(), Rejection> {
     match m {
         Manifest::Instancetype(o) => validate::instancetype(o),
         Manifest::Preference(o) => validate::preference(o),
+        Manifest::Object(Kind::KubeVirt, o) => validate::kubevirt(o),
         Manifest::Object(k, o) if k.managed() => validate::object(o, k.namespaced()),
         Manifest::Object(k, _) => Err(Rejection::invalid(
             "kind",

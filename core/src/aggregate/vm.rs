@@ -12,6 +12,7 @@ use crate::decision::{Claim, Decision, Outcome, streams};
 use crate::defaults;
 use crate::error::{Category, Cause, Causes, Rejection, codes};
 use crate::event::*;
+use crate::features::Features;
 use crate::firmware::{FirmwareIdentity, claim_key, legacy_firmware_uuid};
 use crate::instancetype::{self, references};
 use crate::lifecycle::{self, DesiredAction, RunStrategy};
@@ -258,7 +259,11 @@ pub enum VmCommand {
     /// `vmplane restart`.
     Restart,
     /// The reconciler creates a VMI ([`crate::lifecycle::desired_action`] said `Launch`).
-    LaunchVmi,
+    /// Refused while the spec requests a feature that is off in `features`.
+    LaunchVmi {
+        /// The cluster's effective features now (from `cluster/config`).
+        features: Features,
+    },
     /// The reconciler saw the VMI do something.
     ObserveVmi {
         /// Which VMI.
@@ -309,7 +314,7 @@ pub fn decide(state: &VmState, command: &VmCommand, ctx: &mut Ctx) -> Result<Dec
         VmCommand::Start { paused } => start(state, *paused),
         VmCommand::Stop => stop(state),
         VmCommand::Restart => restart(state),
-        VmCommand::LaunchVmi => launch(state, ctx),
+        VmCommand::LaunchVmi { features } => launch(state, features, ctx),
         VmCommand::ObserveVmi {
             vmi_uid,
             observation,
@@ -909,8 +914,14 @@ fn restart(state: &VmState) -> Result<Decision, Rejection> {
     Ok(em.finish(Outcome::Recorded))
 }
 
-fn launch(state: &VmState, ctx: &mut Ctx) -> Result<Decision, Rejection> {
-    let action = lifecycle::desired_action(state, ctx.now_ms());
+fn launch(state: &VmState, features: &Features, ctx: &mut Ctx) -> Result<Decision, Rejection> {
+    let action = lifecycle::desired_action(state, features, ctx.now_ms());
+    if let DesiredAction::FeatureNotEnabled { .. } = action {
+        return Err(Rejection::precondition(
+            codes::FEATURE_NOT_ENABLED,
+            crate::features::not_enabled_message(&lifecycle::feature_blockers(state, features)),
+        ));
+    }
     if action != DesiredAction::Launch {
         return Err(Rejection::precondition(
             codes::LAUNCH_NOT_WANTED,

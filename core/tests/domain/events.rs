@@ -147,7 +147,8 @@ fn vm_created_v1_from_before_firmware_uuids_upcasts_with_the_legacy_uuid() {
         st.firmware.as_ref().unwrap().uuid.to_string(),
         "5a9fc181-957e-5c32-9e5a-2de5e9673531"
     );
-    let shown = serde_json::to_value(lifecycle::render(&st, 0).unwrap()).unwrap();
+    let shown =
+        serde_json::to_value(lifecycle::render(&st, &Features::defaults(), 0).unwrap()).unwrap();
     assert_eq!(shown["status"]["firmwareUUIDOrigin"], "Legacy");
 }
 

@@ -15,7 +15,7 @@ fn fw_uuid(state: &VmState) -> Uuid {
 }
 
 fn running(s: &mut Scenario) {
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
 }
 
@@ -418,13 +418,13 @@ fn row_13_restart_required_never_raised_by_unchanged_uuid() {
     vm.firmware_mut().uuid = Some(fw.uuid.to_string());
     vm.firmware_mut().serial.clone_from(&fw.serial);
     assert_eq!(s.apply(vm).outcome, Outcome::Unchanged);
-    let conds = lifecycle::conditions(&s.state(), 0);
+    let conds = lifecycle::conditions(&s.state(), &Features::defaults(), 0);
     assert!(!conds.iter().any(|c| c.kind == "RestartRequired"));
     // A real template change does raise it, with KubeVirt's message.
     let mut vm = small_vm("testvm", "Always");
     vm.vmi_spec_mut().domain.memory_mut().guest = Some("256Mi".parse().unwrap());
     s.apply(vm);
-    let conds = lifecycle::conditions(&s.state(), 0);
+    let conds = lifecycle::conditions(&s.state(), &Features::defaults(), 0);
     let rr = conds
         .iter()
         .find(|c| c.kind == "RestartRequired")
@@ -440,7 +440,7 @@ fn row_14_get_shows_effective_uuid_in_spec_and_origin_in_status() {
     let mut s = Scenario::new();
     s.create(small_vm("testvm", "Halted"));
     let st = s.state();
-    let rendered = lifecycle::render(&st, 0).unwrap();
+    let rendered = lifecycle::render(&st, &Features::defaults(), 0).unwrap();
     let v = serde_json::to_value(&rendered).unwrap();
     assert_eq!(
         v["spec"]["template"]["spec"]["domain"]["firmware"]["uuid"],

@@ -620,7 +620,7 @@ fn the_vmi_of_a_run_carries_the_expanded_spec() {
     let mut vm = referencing("u1.medium", Some("fedora"));
     vm.spec.run_strategy = Some("Always".into());
     s.ok(put(vm, Some(u1("medium")), Some(cluster_pref("fedora"))));
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     let uid = s.state().run.vmi.as_ref().unwrap().uid;
     s.ok(VmCommand::ObserveVmi {
         vmi_uid: uid,

@@ -17,11 +17,11 @@ fn now(s: &Scenario) -> i64 {
 }
 
 fn status(s: &Scenario) -> PrintableStatus {
-    printable_status(&s.state(), now(s))
+    printable_status(&s.state(), &Features::defaults(), now(s))
 }
 
 fn action(s: &Scenario) -> DesiredAction {
-    desired_action(&s.state(), now(s))
+    desired_action(&s.state(), &Features::defaults(), now(s))
 }
 
 fn vmi_uid(s: &Scenario) -> uuid::Uuid {
@@ -47,7 +47,7 @@ fn always_runs_through_the_phases() {
     let mut s = with("Always");
     assert_eq!(action(&s), DesiredAction::Launch);
     assert_eq!(status(&s), PrintableStatus::Starting);
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     assert_eq!(status(&s), PrintableStatus::Starting);
     let uid = vmi_uid(&s);
     s.ok(VmCommand::ObserveVmi {
@@ -73,9 +73,12 @@ fn always_runs_through_the_phases() {
     s.observe(VmiPhase::Running);
     assert_eq!(status(&s), PrintableStatus::Running);
     assert_eq!(action(&s), DesiredAction::Nothing);
-    let conds = lifecycle::conditions(&s.state(), now(&s));
+    let conds = lifecycle::conditions(&s.state(), &Features::defaults(), now(&s));
     assert!(conds.iter().any(|c| c.kind == "Ready" && c.status));
-    let rendered = serde_json::to_value(lifecycle::render(&s.state(), now(&s)).unwrap()).unwrap();
+    let rendered = serde_json::to_value(
+        lifecycle::render(&s.state(), &Features::defaults(), now(&s)).unwrap(),
+    )
+    .unwrap();
     assert_eq!(rendered["status"]["printableStatus"], "Running");
     assert_eq!(rendered["status"]["ready"], true);
     assert_eq!(rendered["status"]["runStrategy"], "Always");
@@ -86,7 +89,7 @@ fn halted_vm_is_stopped_and_start_switches_it_to_always() {
     let mut s = with("Halted");
     assert_eq!(status(&s), PrintableStatus::Stopped);
     assert_eq!(action(&s), DesiredAction::Nothing);
-    let conds = lifecycle::conditions(&s.state(), now(&s));
+    let conds = lifecycle::conditions(&s.state(), &Features::defaults(), now(&s));
     assert_eq!(
         (conds[0].kind, conds[0].status, conds[0].reason.as_str()),
         ("Ready", false, "VMINotExists")
@@ -124,7 +127,7 @@ fn start_rules_follow_kubevirt() {
     );
     let mut s = with("Manual");
     s.ok(VmCommand::Start { paused: false });
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     precondition(
         s.when(VmCommand::Start { paused: false }),
@@ -133,7 +136,7 @@ fn start_rules_follow_kubevirt() {
     );
     let mut s = with("RerunOnFailure");
     s.ok(VmCommand::Start { paused: false });
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     s.observe(VmiPhase::Failed);
     precondition(
@@ -157,7 +160,7 @@ fn stop_rules_follow_kubevirt() {
     );
     // Always: stop patches the strategy to Halted, and the VMI is stopped.
     let mut s = with("Always");
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     let uid = vmi_uid(&s);
     s.ok(VmCommand::Stop);
@@ -193,7 +196,7 @@ fn restart_rules_follow_kubevirt() {
     );
     let mut s = with("Manual");
     s.ok(VmCommand::Start { paused: false });
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     let first = vmi_uid(&s);
     let d = s.ok(VmCommand::Restart);
@@ -207,14 +210,14 @@ fn restart_rules_follow_kubevirt() {
         DesiredAction::Launch,
         "a restart starts again, even under Manual"
     );
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     assert_ne!(vmi_uid(&s), first, "every run is a new VMI");
 }
 
 #[test]
 fn phases_only_move_forward_and_final_phases_are_sticky() {
     let mut s = with("Always");
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     let uid = vmi_uid(&s);
     let back = VmCommand::ObserveVmi {
@@ -263,14 +266,14 @@ fn phases_only_move_forward_and_final_phases_are_sticky() {
 #[test]
 fn launch_is_refused_when_no_vmi_is_wanted() {
     assert_rejected(
-        with("Halted").when(VmCommand::LaunchVmi),
+        with("Halted").when(launch()),
         Category::FailedPrecondition,
         codes::LAUNCH_NOT_WANTED,
     );
     let mut s = with("Always");
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     assert_rejected(
-        s.when(VmCommand::LaunchVmi),
+        s.when(launch()),
         Category::FailedPrecondition,
         codes::LAUNCH_NOT_WANTED,
     );
@@ -281,7 +284,7 @@ fn crash_loop_backoff_is_exponential_with_a_cap() {
     let mut s = with("Always");
     let mut delays = Vec::new();
     for failures in 1..=8u32 {
-        s.ok(VmCommand::LaunchVmi);
+        s.ok(launch());
         let d = s.observe(VmiPhase::Failed);
         let Some(Event::VmStartBackoffScheduled(b)) = d.events.last() else {
             panic!("{:?}", types_of(&d))
@@ -303,12 +306,12 @@ fn crash_loop_backoff_is_exponential_with_a_cap() {
         );
         assert_eq!(status(&s), PrintableStatus::CrashLoopBackOff);
         assert!(
-            lifecycle::conditions(&s.state(), now(&s))
+            lifecycle::conditions(&s.state(), &Features::defaults(), now(&s))
                 .iter()
                 .any(|c| c.kind == "Failure" && c.reason == "CrashLoopBackOff")
         );
         assert_rejected(
-            s.when(VmCommand::LaunchVmi),
+            s.when(launch()),
             Category::FailedPrecondition,
             codes::LAUNCH_NOT_WANTED,
         );
@@ -317,7 +320,7 @@ fn crash_loop_backoff_is_exponential_with_a_cap() {
     }
     assert_eq!(*delays.last().unwrap(), 300_000, "capped at 300 s");
     // Reaching Running clears the count.
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     assert_eq!(s.state().run.consecutive_failures, 0);
     assert_eq!(s.state().run.backoff_until_ms, None);
@@ -332,12 +335,12 @@ fn rerun_on_failure_restarts_failed_but_not_succeeded_vmis() {
         "waits for a start request"
     );
     s.ok(VmCommand::Start { paused: false });
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     s.observe(VmiPhase::Failed);
     removed(&mut s);
     assert_eq!(action(&s), DesiredAction::Launch, "failed: run again");
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     s.observe(VmiPhase::Succeeded);
     removed(&mut s);
@@ -349,7 +352,7 @@ fn rerun_on_failure_restarts_failed_but_not_succeeded_vmis() {
 fn once_runs_once_and_manual_waits_for_requests() {
     let mut s = with("Once");
     assert_eq!(action(&s), DesiredAction::Launch);
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     s.observe(VmiPhase::Succeeded);
     assert_eq!(action(&s), DesiredAction::Nothing, "never restarted");
@@ -359,7 +362,7 @@ fn once_runs_once_and_manual_waits_for_requests() {
     assert_eq!(action(&s), DesiredAction::Nothing);
     s.ok(VmCommand::Start { paused: true });
     assert_eq!(status(&s), PrintableStatus::Starting, "start expected");
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     assert_eq!(status(&s), PrintableStatus::Paused);
     s.observe(VmiPhase::Succeeded);
@@ -373,7 +376,7 @@ fn once_runs_once_and_manual_waits_for_requests() {
 #[test]
 fn deleting_a_running_vm_terminates_its_vmi() {
     let mut s = with("Always");
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     let uid = vmi_uid(&s);
     s.ok(VmCommand::Delete {
@@ -381,13 +384,13 @@ fn deleting_a_running_vm_terminates_its_vmi() {
     });
     assert_eq!(status(&s), PrintableStatus::Terminating);
     assert_eq!(action(&s), DesiredAction::Stop { vmi_uid: uid });
-    assert!(lifecycle::render(&s.state(), 0).is_none());
+    assert!(lifecycle::render(&s.state(), &Features::defaults(), 0).is_none());
 }
 
 #[test]
 fn unschedulable_vmi_shows_error_unschedulable() {
     let mut s = with("Always");
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     let uid = vmi_uid(&s);
     s.ok(VmCommand::ObserveVmi {
         vmi_uid: uid,
@@ -403,7 +406,7 @@ fn unschedulable_vmi_shows_error_unschedulable() {
 #[test]
 fn restart_required_is_against_the_spec_of_the_last_start() {
     let mut s = with("Always");
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     s.observe(VmiPhase::Running);
     // Labels are metadata, not template spec.
     let mut vm = small_vm("demo", "Always");
@@ -421,6 +424,6 @@ fn restart_required_is_against_the_spec_of_the_last_start() {
     s.ok(VmCommand::Restart);
     s.observe(VmiPhase::Succeeded);
     removed(&mut s);
-    s.ok(VmCommand::LaunchVmi);
+    s.ok(launch());
     assert!(!lifecycle::restart_required(&s.state()));
 }

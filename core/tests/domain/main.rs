@@ -2,6 +2,7 @@
 //! or a specific rejection, through the helpers in `support`).
 
 mod events;
+mod features;
 mod firmware_uuid;
 mod instancetypes;
 mod lifecycle;

@@ -56,7 +56,7 @@ fn command(state: &VmState, op: u8, a: u8, b: u8) -> VmCommand {
         },
         4 => VmCommand::Stop,
         5 => VmCommand::Restart,
-        6 => VmCommand::LaunchVmi,
+        6 => launch(),
         7 | 8 => {
             let uid = state.run.vmi.as_ref().map(|v| v.uid).unwrap_or_default();
             let observation = match b % 4 {
@@ -129,12 +129,12 @@ proptest! {
                 // The claims held are exactly the live VM's UUID.
                 prop_assert_eq!(claims.len(), 1);
                 prop_assert!(claims.contains_key(&claim_key(&fw.uuid)));
-                let _ = lifecycle::render(&state, ctx.now_ms()).unwrap();
+                let _ = lifecycle::render(&state, &Features::defaults(), ctx.now_ms()).unwrap();
             } else {
                 prop_assert!(claims.is_empty());
             }
-            let _ = lifecycle::printable_status(&state, ctx.now_ms());
-            let _ = lifecycle::conditions(&state, ctx.now_ms());
+            let _ = lifecycle::printable_status(&state, &Features::defaults(), ctx.now_ms());
+            let _ = lifecycle::conditions(&state, &Features::defaults(), ctx.now_ms());
         }
         // Replaying the log gives the same state.
         prop_assert_eq!(vm::fold(&events), state);
@@ -146,7 +146,7 @@ proptest! {
         // order): evolve never panics.
         let mut s = Scenario::new();
         let _ = s.when(apply_cmd(small_vm("prop", "Always")));
-        let _ = s.when(VmCommand::LaunchVmi);
+        let _ = s.when(launch());
         let _ = s.when(VmCommand::Stop);
         let _ = s.when(VmCommand::Start { paused: false });
         let _ = s.observe(VmiPhase::Failed);
@@ -154,8 +154,8 @@ proptest! {
         let pool = s.events.clone();
         let seq: Vec<Event> = picks.iter().map(|i| pool[i % pool.len()].clone()).collect();
         let st = vm::fold(&seq);
-        let _ = lifecycle::printable_status(&st, 0);
-        let _ = lifecycle::desired_action(&st, 0);
+        let _ = lifecycle::printable_status(&st, &Features::defaults(), 0);
+        let _ = lifecycle::desired_action(&st, &Features::defaults(), 0);
     }
 
     #[test]

@@ -191,6 +191,16 @@ impl Scenario {
     }
 }
 
+/// The reconciler's launch, with every feature at its default (no cluster configuration).
+pub fn launch() -> VmCommand {
+    launch_with(Features::defaults())
+}
+
+/// The reconciler's launch under these cluster features.
+pub fn launch_with(features: Features) -> VmCommand {
+    VmCommand::LaunchVmi { features }
+}
+
 /// `put` helper: a boxed apply command.
 pub fn apply_cmd(vm: VirtualMachine) -> VmCommand {
     VmCommand::Apply(Box::new(PutVm::new(vm)))
