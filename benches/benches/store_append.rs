@@ -29,7 +29,9 @@ fn event() -> ProposedEvent {
 fn single_append_latency(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut group = c.benchmark_group("durable_single_append");
-    group.sample_size(60).measurement_time(Duration::from_secs(6));
+    group
+        .sample_size(60)
+        .measurement_time(Duration::from_secs(6));
 
     let mut file = OpenOptions::new()
         .create(true)
@@ -47,8 +49,12 @@ fn single_append_latency(c: &mut Criterion) {
     let log = SledLog::open(dir.path().join("store")).expect("open");
     group.bench_function("store_append_1_event_256B", |b| {
         b.iter(|| {
-            log.append(AppendRequest::new("bench/single", ExpectedRevision::Any, vec![event()]))
-                .expect("append")
+            log.append(AppendRequest::new(
+                "bench/single",
+                ExpectedRevision::Any,
+                vec![event()],
+            ))
+            .expect("append")
         })
     });
     group.finish();
@@ -75,7 +81,9 @@ fn concurrently(writers: u64, iters: u64, op: Arc<dyn Fn(u64, u64) + Send + Sync
         thread.join().expect("writer");
     }
     // Report per requested iteration: scale for the rounding up of per_writer.
-    started.elapsed().mul_f64(iters as f64 / (per_writer * writers) as f64)
+    started
+        .elapsed()
+        .mul_f64(iters as f64 / (per_writer * writers) as f64)
 }
 
 fn append_throughput(c: &mut Criterion) {
@@ -87,25 +95,37 @@ fn append_throughput(c: &mut Criterion) {
     let raw_key = Arc::new(AtomicU64::new(0));
 
     let mut group = c.benchmark_group("durable_append_throughput");
-    group.sample_size(10).measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(4))
+        .warm_up_time(Duration::from_secs(1));
     group.throughput(Throughput::Elements(1));
     for writers in [1u64, 16, 64] {
         let store_op: Arc<dyn Fn(u64, u64) + Send + Sync> = {
             let log = Arc::clone(&log);
             Arc::new(move |writer, _| {
                 let stream = format!("bench/{writer}");
-                log.append(AppendRequest::new(stream, ExpectedRevision::Any, vec![event()]))
-                    .expect("append");
+                log.append(AppendRequest::new(
+                    stream,
+                    ExpectedRevision::Any,
+                    vec![event()],
+                ))
+                .expect("append");
             })
         };
         group.bench_function(format!("store_{writers}_writers"), |b| {
             b.iter_custom(|iters| concurrently(writers, iters, Arc::clone(&store_op)))
         });
         let raw_op: Arc<dyn Fn(u64, u64) + Send + Sync> = {
-            let (raw, raw_file, raw_key) = (Arc::clone(&raw), Arc::clone(&raw_file), Arc::clone(&raw_key));
+            let (raw, raw_file, raw_key) = (
+                Arc::clone(&raw),
+                Arc::clone(&raw_file),
+                Arc::clone(&raw_key),
+            );
             Arc::new(move |_, _| {
                 let key = raw_key.fetch_add(1, Ordering::Relaxed).to_be_bytes();
-                raw.insert(key, vec![0x5a; PAYLOAD_BYTES + 64]).expect("insert");
+                raw.insert(key, vec![0x5a; PAYLOAD_BYTES + 64])
+                    .expect("insert");
                 raw.flush().expect("flush");
                 raw_file.sync_data().expect("fdatasync");
             })

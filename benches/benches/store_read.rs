@@ -33,8 +33,12 @@ fn full_log_read(c: &mut Criterion) {
         let log = SledLog::open(&store_dir).expect("open");
         for append in 0..EVENTS / EVENTS_PER_APPEND {
             let events = (0..EVENTS_PER_APPEND).map(|_| event()).collect();
-            log.append(AppendRequest::new(format!("bench/{}", append % 1000), ExpectedRevision::Any, events))
-                .expect("append");
+            log.append(AppendRequest::new(
+                format!("bench/{}", append % 1000),
+                ExpectedRevision::Any,
+                events,
+            ))
+            .expect("append");
         }
     }
     // The same events, one per key, as raw sled would hold them.
@@ -52,7 +56,8 @@ fn full_log_read(c: &mut Criterion) {
             batch.insert(&e.position.0.to_be_bytes(), value);
             pending += 1;
             if pending == 10_000 {
-                raw.apply_batch(std::mem::take(&mut batch)).expect("raw batch");
+                raw.apply_batch(std::mem::take(&mut batch))
+                    .expect("raw batch");
                 pending = 0;
             }
             ControlFlow::Continue(())
@@ -65,14 +70,19 @@ fn full_log_read(c: &mut Criterion) {
     assert_eq!(log.head(), Position(EVENTS));
 
     let mut group = c.benchmark_group("full_log_read_1M");
-    group.sample_size(10).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(2));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8))
+        .warm_up_time(Duration::from_secs(2));
     group.throughput(Throughput::Elements(EVENTS));
     group.bench_function("store_scan_validated", |b| {
         b.iter(|| {
             let mut sum = 0u64;
             let last = log
                 .scan(Position(0), &mut |e| {
-                    sum = sum.wrapping_add(e.revision ^ e.payload.len() as u64 ^ u64::from(e.payload[0]));
+                    sum = sum.wrapping_add(
+                        e.revision ^ e.payload.len() as u64 ^ u64::from(e.payload[0]),
+                    );
                     ControlFlow::Continue(())
                 })
                 .expect("scan");

@@ -2,10 +2,12 @@
 //!
 //! A backend's test file provides a [`Fixture`] factory and expands [`crate::contract_tests!`]:
 //!
-//! ```ignore
+//! ```text
 //! fn fixture() -> Box<dyn vmplane_store::contract::Fixture> { /* a fresh, empty log */ }
 //! vmplane_store::contract_tests!(fixture);
 //! ```
+//!
+//! (`store/tests/contract_sled.rs` is the complete example.)
 //!
 //! Each contract is a public function taking the factory, so a failing one can also be run and
 //! debugged alone. Every test names the behaviour it pins down.

@@ -76,7 +76,7 @@ pub mod contract;
 
 pub use error::{Error, Result};
 pub use log::{EventLog, PayloadValidator, Subscription, Visitor, check_request};
-pub use sled_log::{Clock, SledLog, SledOptions};
+pub use sled_log::{Clock, CommitStats, SledLog, SledOptions};
 pub use types::{
     AppendRequest, AppendResult, Claim, Direction, ExpectedRevision, Limits, Position,
     ProposedEvent, RecordedEvent, RecordedEventRef, Revision, Timestamp, VerifyReport,

@@ -305,6 +305,9 @@ impl SledLog {
             state.recent_ids.insert(id, location);
         }
         drop(state);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.committed_events
+            .fetch_add(last_position - first_position + 1, Ordering::Relaxed);
         self.publish_head(last_position);
         self.maybe_record_head();
         decisions.into_iter().map(Decision::into_result).collect()

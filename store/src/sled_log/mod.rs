@@ -74,7 +74,7 @@ impl Default for SledOptions {
         SledOptions {
             limits: Limits::DEFAULT,
             clock: Arc::new(Timestamp::now),
-            cache_capacity_bytes: 256 << 20,
+            cache_capacity_bytes: 1 << 30,
             group_commit_events_max: 4_096,
             group_commit_bytes_max: 96 << 10,
             heads_checkpoint_batches: 1_024,
@@ -114,6 +114,17 @@ pub struct SledLog {
     head_lock: Mutex<()>,
     /// When the durable head was last written to [`HEAD_RECORD_FILE`].
     head_recorded: Mutex<Instant>,
+    commits: AtomicU64,
+    committed_events: AtomicU64,
+}
+
+/// Counters of the group commit since open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Durable commits (one fdatasync each).
+    pub commits: u64,
+    /// Events they made durable.
+    pub events: u64,
 }
 
 /// A file beside sled's, holding a recent durable head and its hash. sled 0.34 recovers a damaged
@@ -224,6 +235,8 @@ impl SledLog {
             head_changed: Condvar::new(),
             head_lock: Mutex::new(()),
             head_recorded: Mutex::new(Instant::now()),
+            commits: AtomicU64::new(0),
+            committed_events: AtomicU64::new(0),
         };
         guarded("loading the log", || log.initialize_or_load())?;
         guarded("checking the recorded head", || log.check_head_record())?;
@@ -234,6 +247,15 @@ impl SledLog {
     #[must_use]
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// How many commits and events since open: events per commit is the group-commit batch size.
+    #[must_use]
+    pub fn commit_stats(&self) -> CommitStats {
+        CommitStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            events: self.committed_events.load(Ordering::Relaxed),
+        }
     }
 
     /// Bytes sled's files take on disk.
