@@ -1,4 +1,6 @@
-//! The `vmplane` command line. Every command has `--help` with an example.
+//! The `vmplane` command line, in kubectl's and virtctl's habits. Every command has `--help`
+//! with an example. The client commands talk gRPC to a server (`--server`, env
+//! `VMPLANE_SERVER`); `serve` is the server itself.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,21 +10,155 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 /// vmplane: a control plane for virtual machines whose event log is the source of truth.
 #[derive(Debug, Parser)]
 #[command(name = "vmplane", version, propagate_version = true)]
-#[command(
-    after_help = "Examples:\n  vmplane serve                      # serve ./vmplane-data on 127.0.0.1:50051\n  vmplane serve --data /var/lib/vmplane --listen 127.0.0.1:6443"
-)]
+#[command(after_help = "Examples:
+  vmplane serve                          # serve ./vmplane-data on 127.0.0.1:50051
+  vmplane apply -f examples/vm.yaml      # create or update objects
+  vmplane get vms                        # list VMs in namespace `default`
+  vmplane start demo && vmplane get vmi demo
+  vmplane history vm demo && vmplane diff vm demo --from 1
+  vmplane get vm demo --revision 1 -o yaml
+  vmplane audit -A")]
 pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Flags every client command accepts.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// The vmplane server to talk to.
+    #[arg(
+        long,
+        global = true,
+        env = "VMPLANE_SERVER",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub server: String,
+
+    /// Bearer token (when the server runs with --auth).
+    #[arg(long, global = true, env = "VMPLANE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// Namespace of the objects named on the command line.
+    #[arg(short = 'n', long, global = true, default_value = "default")]
+    pub namespace: String,
+
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum)]
+    pub output: Option<Output>,
+}
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Aligned columns for people.
+    Table,
+    /// KubeVirt-shaped YAML.
+    Yaml,
+    /// KubeVirt-shaped JSON (one object per line for `watch`).
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the vmplane server: open the log and serve the gRPC API.
-    #[command(
-        after_help = "Examples:\n  vmplane serve\n  vmplane serve --data ./vmplane-data --listen 127.0.0.1:50051\n  vmplane serve --listen 127.0.0.1:0   # any free port; the ready line says which"
-    )]
+    #[command(after_help = "Examples:
+  vmplane serve
+  vmplane serve --data ./vmplane-data --listen 127.0.0.1:50051
+  vmplane serve --listen 127.0.0.1:0   # any free port; the ready line says which
+  vmplane serve --listen 0.0.0.0:50051 --auth auth.yaml")]
     Serve(ServeArgs),
+
+    /// Create or update every object of a YAML/JSON file (multi-document).
+    #[command(
+        after_help = "Prints KIND/NAME created|configured|unchanged for each object.
+
+Examples:
+  vmplane apply -f vm.yaml
+  cat vms.yaml | vmplane apply -f -
+  vmplane apply -f vm.yaml --dry-run          # validate server-side, change nothing
+  vmplane apply -f vm.yaml --expected-generation 3"
+    )]
+    Apply(ApplyArgs),
+
+    /// Like apply, for manifests exported from a KubeVirt cluster: a VM without a firmware UUID
+    /// keeps the legacy, name-derived UUID KubeVirt gave it.
+    #[command(after_help = "Examples:\n  vmplane import -f exported-vms.yaml")]
+    Import(ApplyArgs),
+
+    /// Show one object or a list, now or at a point in its history.
+    #[command(
+        after_help = "KIND: vm, vmi, instancetype, clusterinstancetype, preference, clusterpreference,
+snapshot, restore, clone, kubevirt (kubectl's long and plural forms work too).
+
+Examples:
+  vmplane get vms
+  vmplane get vms -A -o json
+  vmplane get vm demo -o yaml
+  vmplane get vm demo --revision 1 -o yaml           # time travel
+  vmplane get vm demo --at-position 120
+  vmplane get vm demo --as-of 2026-11-22T10:00:00Z"
+    )]
+    Get(GetArgs),
+
+    /// Delete an object.
+    #[command(
+        after_help = "Examples:\n  vmplane delete vm demo\n  vmplane delete instancetype small -n team-a"
+    )]
+    Delete(DeleteArgs),
+
+    /// Ask for a VM to start.
+    #[command(after_help = "Examples:\n  vmplane start demo")]
+    Start(LifecycleArgs),
+    /// Ask for a VM to stop.
+    #[command(after_help = "Examples:\n  vmplane stop demo")]
+    Stop(LifecycleArgs),
+    /// Ask for a VM to restart.
+    #[command(after_help = "Examples:\n  vmplane restart demo")]
+    Restart(LifecycleArgs),
+
+    /// Print the fully rendered VM: instancetype, preference, defaults, firmware identity.
+    #[command(
+        after_help = "Examples:\n  vmplane expand vm demo -o yaml\n  vmplane expand -f vm.yaml"
+    )]
+    Expand(ExpandArgs),
+
+    /// List a VM's revisions: time, actor, events, summary.
+    #[command(
+        after_help = "Examples:\n  vmplane history vm demo\n  vmplane history vm demo -o json"
+    )]
+    History(HistoryArgs),
+
+    /// Unified diff of a VM's spec between two revisions. Exit 0 when equal, 1 when different.
+    #[command(
+        after_help = "Examples:\n  vmplane diff vm demo --from 1            # revision 1 against the current one\n  vmplane diff vm demo --from 1 --to 3"
+    )]
+    Diff(DiffArgs),
+
+    /// Who did what, when.
+    #[command(after_help = "Examples:
+  vmplane audit                                  # namespace `default`
+  vmplane audit -A --actor alice
+  vmplane audit --kind vm --since 2026-11-22T00:00:00Z --until 2026-11-23T00:00:00Z")]
+    Audit(AuditArgs),
+
+    /// Print events as they happen.
+    #[command(after_help = "With -o json: one JSON object a line.
+
+Examples:
+  vmplane watch vms
+  vmplane watch -A -o json
+  vmplane get vms -o json | jq .metadata.resourceVersion   # then, without gap or repeat:
+  vmplane watch vms --from-position 42")]
+    Watch(WatchArgs),
+
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Examples:\n  vmplane completion bash > /etc/bash_completion.d/vmplane\n  vmplane completion zsh > \"${fpath[1]}/_vmplane\""
+    )]
+    Completion(CompletionArgs),
 }
 
 /// Storage backends for the log.
@@ -47,11 +183,142 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR", default_value = "./vmplane-data")]
     pub data: PathBuf,
 
-    /// Address to serve gRPC on. Without authentication only loopback addresses are allowed.
+    /// Address to serve gRPC on. Without --auth only loopback addresses are allowed.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
     /// Storage backend of the log.
     #[arg(long, value_enum, default_value_t = Backend::Sled)]
     pub backend: Backend,
+
+    /// Tokens (as SHA-256 digests), principals and roles, in YAML. Without it every request
+    /// acts as principal `local` (admin) and only loopback listening is allowed.
+    #[arg(long, value_name = "FILE")]
+    pub auth: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ApplyArgs {
+    /// File to read (YAML or JSON, several documents allowed); `-` reads standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub file: String,
+    /// Validate and decide on the server, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Accept the update only if the object's generation is this one.
+    #[arg(long, value_name = "N")]
+    pub expected_generation: Option<u64>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GetArgs {
+    /// Kind of object (vm, vmi, instancetype, ...).
+    pub kind: String,
+    /// Name of one object; without it, a list.
+    pub name: Option<String>,
+    /// List across all namespaces.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// The object as it was at this revision (generation) of its stream.
+    #[arg(long, value_name = "N", conflicts_with_all = ["at_position", "as_of"], requires = "name")]
+    pub revision: Option<u64>,
+    /// The object as it was when the log's head was at this position.
+    #[arg(long, value_name = "P", conflicts_with = "as_of", requires = "name")]
+    pub at_position: Option<u64>,
+    /// The object as it was at this instant (RFC 3339).
+    #[arg(long, value_name = "RFC3339", requires = "name")]
+    pub as_of: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DeleteArgs {
+    /// Kind of object.
+    pub kind: String,
+    /// Name of the object.
+    pub name: String,
+    /// Delete only if the object's generation is this one.
+    #[arg(long, value_name = "N")]
+    pub expected_generation: Option<u64>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LifecycleArgs {
+    /// Name of the VM.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExpandArgs {
+    /// `vm` (with NAME), or nothing with -f.
+    #[arg(required_unless_present = "file")]
+    pub kind: Option<String>,
+    /// Name of the VM.
+    #[arg(required_unless_present = "file")]
+    pub name: Option<String>,
+    /// Expand a manifest instead of a stored VM.
+    #[arg(short = 'f', long = "filename", value_name = "FILE", conflicts_with_all = ["kind", "name"])]
+    pub file: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HistoryArgs {
+    /// `vm`.
+    pub kind: String,
+    /// Name of the VM.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DiffArgs {
+    /// `vm`.
+    pub kind: String,
+    /// Name of the VM.
+    pub name: String,
+    /// Older revision.
+    #[arg(long, value_name = "REV")]
+    pub from: u64,
+    /// Newer revision (default: the current one).
+    #[arg(long, value_name = "REV")]
+    pub to: Option<u64>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// Only events caused by this principal.
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// Only events at or after this instant (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    pub since: Option<String>,
+    /// Only events before this instant (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    pub until: Option<String>,
+    /// Only events of this kind of object.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Every namespace (the ones you may read).
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// At most this many entries (newest last).
+    #[arg(long, default_value_t = 1000)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WatchArgs {
+    /// Only objects of this kind.
+    pub kind: Option<String>,
+    /// Every namespace (the ones you may read).
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Replay the events after this position first (a list's resourceVersion), then continue.
+    #[arg(long, value_name = "P")]
+    pub from_position: Option<u64>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CompletionArgs {
+    /// Shell to generate for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }

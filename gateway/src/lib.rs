@@ -14,9 +14,14 @@
 //! **Must never** hold a domain rule (they live in `core`), or block a tokio worker on storage
 //! or libvirt calls (they go through `spawn_blocking`).
 
+pub mod api;
+pub mod auth;
 pub mod cli;
+pub mod client;
+pub mod print;
 pub mod server;
 pub mod services;
+pub mod status;
 
 /// Generated protobuf types and the encoded descriptor set (for server reflection).
 pub mod pb {

@@ -1,19 +1,61 @@
 //! The `vmplane` binary: server (`vmplane serve`) and client, in kubectl's habits.
 
-use clap::Parser;
-use vmplane_gateway::cli::{Cli, Command};
+use std::process::ExitCode;
 
-fn main() -> std::process::ExitCode {
+use clap::{CommandFactory, Parser};
+use vmplane_gateway::cli::{Cli, Command};
+use vmplane_gateway::client::{self, Clients, Verb};
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => vmplane_gateway::server::run(args),
+        Command::Serve(args) => vmplane_gateway::server::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Completion(args) => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(args.shell, &mut cmd, "vmplane", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        command => run_client(&cli.global, command),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             // One clear line: the context chain, outermost first.
             eprintln!("vmplane: error: {err:#}");
-            std::process::ExitCode::FAILURE
+            // `diff` reserves 1 for "different".
+            ExitCode::from(2)
         }
     }
+}
+
+fn run_client(
+    global: &vmplane_gateway::cli::GlobalArgs,
+    command: Command,
+) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let mut c = Clients::connect(global).await?;
+        match &command {
+            Command::Apply(a) => client::apply(&mut c, global, a, false).await?,
+            Command::Import(a) => client::apply(&mut c, global, a, true).await?,
+            Command::Get(a) => client::get(&mut c, global, a).await?,
+            Command::Delete(a) => client::delete(&mut c, global, a).await?,
+            Command::Start(a) => client::lifecycle(&mut c, global, a, Verb::Start).await?,
+            Command::Stop(a) => client::lifecycle(&mut c, global, a, Verb::Stop).await?,
+            Command::Restart(a) => client::lifecycle(&mut c, global, a, Verb::Restart).await?,
+            Command::Expand(a) => client::expand(&mut c, global, a).await?,
+            Command::History(a) => client::history(&mut c, global, a).await?,
+            Command::Diff(a) => {
+                if client::diff(&mut c, global, a).await? {
+                    return Ok(ExitCode::from(client::DIFF_DIFFERENT_EXIT));
+                }
+            }
+            Command::Audit(a) => client::audit(&mut c, global, a).await?,
+            Command::Watch(a) => client::watch(&mut c, global, a).await?,
+            Command::Serve(_) | Command::Completion(_) => unreachable!("handled in main"),
+        }
+        Ok(ExitCode::SUCCESS)
+    })
 }

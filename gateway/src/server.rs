@@ -8,6 +8,8 @@ use anyhow::{Context, bail};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 
+use crate::api::{Api, REQUEST_BYTES_MAX, RESPONSE_BYTES_MAX};
+use crate::auth::Authenticator;
 use crate::cli::{Backend, ServeArgs};
 use crate::pb;
 use crate::services::AdminService;
@@ -15,7 +17,7 @@ use crate::services::AdminService;
 /// Entry point of `vmplane serve`: sets up logging and a runtime, then serves.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_tracing();
-    check_listen_is_allowed(args.listen)?;
+    check_listen_is_allowed(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("vmplane-rt")
@@ -38,8 +40,9 @@ fn init_tracing() {
 
 /// Without authentication, vmplane only listens on loopback: anyone who can reach the port
 /// could otherwise act as the `local` principal.
-fn check_listen_is_allowed(listen: SocketAddr) -> anyhow::Result<()> {
-    if !listen.ip().is_loopback() {
+fn check_listen_is_allowed(args: &ServeArgs) -> anyhow::Result<()> {
+    let listen: SocketAddr = args.listen;
+    if args.auth.is_none() && !listen.ip().is_loopback() {
         bail!(
             "--listen {listen}: refusing to serve on a non-loopback address without --auth \
              (every request would act as principal `local`); listen on 127.0.0.1 or ::1"
@@ -53,9 +56,22 @@ pub async fn serve(
     args: ServeArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    check_listen_is_allowed(args.listen)?;
+    check_listen_is_allowed(&args)?;
+    let auth = match &args.auth {
+        Some(path) => Some(Arc::new(Authenticator::load(path).context("--auth")?)),
+        None => None,
+    };
     let log = open_log(&args).await?;
     let head = log.head();
+    let (projections, commands) = {
+        let (log, data) = (log.clone(), args.data.clone());
+        tokio::task::spawn_blocking(move || open_projections(log, &data))
+            .await
+            .context("open the projections")??
+    };
+    let stop_follow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let follower = projections.follow(stop_follow.clone());
+    let api = Arc::new(Api::new(log.clone(), projections.clone(), commands, auth));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -94,9 +110,36 @@ pub async fn serve(
             log.clone(),
             args.backend.name(),
         )))
+        .add_service(
+            pb::objects_server::ObjectsServer::from_arc(api.clone())
+                .max_decoding_message_size(REQUEST_BYTES_MAX)
+                .max_encoding_message_size(RESPONSE_BYTES_MAX),
+        )
+        .add_service(
+            pb::lifecycle_server::LifecycleServer::from_arc(api.clone())
+                .max_decoding_message_size(REQUEST_BYTES_MAX),
+        )
+        .add_service(
+            pb::history_server::HistoryServer::from_arc(api.clone())
+                .max_decoding_message_size(REQUEST_BYTES_MAX)
+                .max_encoding_message_size(RESPONSE_BYTES_MAX),
+        )
+        .add_service(
+            pb::watch_server::WatchServer::from_arc(api.clone())
+                .max_decoding_message_size(REQUEST_BYTES_MAX),
+        )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
         .context("serve gRPC")?;
+    stop_follow.store(true, std::sync::atomic::Ordering::Release);
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = follower.join();
+        // A last checkpoint so the next start replays only what comes after.
+        if let Err(err) = projections.checkpoint() {
+            tracing::warn!(%err, "could not write the projection checkpoint at shutdown");
+        }
+    })
+    .await;
     tracing::info!("vmplane stopped");
     Ok(())
 }
@@ -114,6 +157,24 @@ async fn open_log(args: &ServeArgs) -> anyhow::Result<Arc<dyn vmplane_store::Eve
             Ok(Arc::new(log))
         }
     }
+}
+
+type Opened = (
+    Arc<vmplane_projections::Projections>,
+    Arc<vmplane_projections::command::CommandHandler>,
+);
+
+/// Loads the projections' checkpoint (replaying only the tail) and builds the command path on
+/// the same state cache.
+fn open_projections(
+    log: Arc<dyn vmplane_store::EventLog>,
+    data: &std::path::Path,
+) -> anyhow::Result<Opened> {
+    use vmplane_projections::command::{CommandHandler, CommandOptions};
+    let projections = vmplane_projections::Projections::open(log.clone(), data, Default::default())
+        .with_context(|| format!("--data {}: cannot build the projections", data.display()))?;
+    let commands = CommandHandler::new(log, projections.cache().clone(), CommandOptions::default());
+    Ok((Arc::new(projections), Arc::new(commands)))
 }
 
 /// Completes on SIGTERM or SIGINT.

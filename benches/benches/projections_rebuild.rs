@@ -1,0 +1,262 @@
+//! Projections: rebuild throughput over 1M events beside the raw log scan of the same log (same
+//! run), time travel to a random revision among 10,000, resident memory after loading 100,000
+//! VMs, and restart from a checkpoint.
+//!
+//! The log is filled directly with core-encoded events (VmCreated with a real manifest, then
+//! VMI lifecycle observations), as the command path would write them.
+
+use std::hint::black_box;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use rand::Rng;
+use uuid::Uuid;
+use vmplane_core::event::{CreateOrigin, FirmwareOrigin, VmiPhase};
+use vmplane_core::types::Kind;
+use vmplane_core::{Event, encode};
+use vmplane_projections::{At, ProjectionOptions, Projections};
+use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, Position, ProposedEvent, SledLog};
+
+const EVENTS: u64 = 1_000_000;
+const EVENTS_PER_VM: u64 = 100;
+const TIME_TRAVEL_REVISIONS: u64 = 10_000;
+const MEMORY_VMS: u64 = 100_000;
+
+fn manifest(ns: &str, name: &str, memory: u64) -> String {
+    format!(
+        r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"{name}","namespace":"{ns}","labels":{{"app":"bench"}}}},"spec":{{"runStrategy":"Always","template":{{"metadata":{{"labels":{{"app":"bench"}}}},"spec":{{"domain":{{"memory":{{"guest":"{memory}Mi"}},"devices":{{"disks":[{{"name":"root","disk":{{"bus":"virtio"}}}}]}},"firmware":{{"uuid":"{}","serial":"bench"}}}},"volumes":[{{"name":"root","containerDisk":{{"image":"quay.io/containerdisks/fedora:40"}}}}]}}}}}}}}"#,
+        Uuid::new_v4()
+    )
+}
+
+fn proposed(event: &Event) -> ProposedEvent {
+    let e = encode(event);
+    ProposedEvent {
+        id: Uuid::now_v7(),
+        event_type: e.type_name.to_owned(),
+        schema_version: e.version,
+        payload: e.bytes,
+        actor: "bench".into(),
+        correlation_id: Uuid::now_v7(),
+        causation_id: None,
+    }
+}
+
+fn created(ns: &str, name: &str) -> Event {
+    Event::VmCreated(vmplane_core::event::VmCreated {
+        uid: Uuid::new_v4(),
+        namespace: ns.into(),
+        name: name.into(),
+        origin: CreateOrigin::Apply,
+        manifest_json: manifest(ns, name, 128),
+        firmware_uuid: Uuid::new_v4(),
+        firmware_serial: Some("bench".into()),
+        firmware_origin: FirmwareOrigin::Generated,
+    })
+}
+
+fn observed(vmi: Uuid, i: u64) -> Event {
+    Event::VmiPhaseObserved(vmplane_core::event::VmiPhaseObserved {
+        vmi_uid: vmi,
+        phase: VmiPhase::Running,
+        reason: None,
+        message: Some(format!("heartbeat {i}")),
+        at_ms: 1_700_000_000_000 + i as i64,
+    })
+}
+
+/// `vms` VMs of `per_vm` events each: VmCreated, VmiLaunched, then observations.
+fn fill(log: &dyn EventLog, vms: u64, per_vm: u64) {
+    for v in 0..vms {
+        let name = format!("vm-{v}");
+        let vmi = Uuid::new_v4();
+        let mut events = vec![proposed(&created("bench", &name))];
+        if per_vm > 1 {
+            events.push(proposed(&Event::VmiLaunched(
+                vmplane_core::event::VmiLaunched {
+                    vmi_uid: vmi,
+                    vm_generation: 1,
+                    paused: false,
+                    at_ms: 1_700_000_000_000,
+                },
+            )));
+        }
+        for i in 2..per_vm {
+            events.push(proposed(&observed(vmi, i)));
+        }
+        log.append(AppendRequest::new(
+            format!("vm/bench/{name}"),
+            ExpectedRevision::NoStream,
+            events,
+        ))
+        .expect("append");
+    }
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn no_checkpoints() -> ProjectionOptions {
+    ProjectionOptions {
+        checkpoint_every_events: 0,
+        ..ProjectionOptions::default()
+    }
+}
+
+fn rebuild(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("log")).expect("open"));
+    fill(log.as_ref(), EVENTS / EVENTS_PER_VM, EVENTS_PER_VM);
+    assert_eq!(log.head(), Position(EVENTS));
+    let projections =
+        Projections::open(Arc::clone(&log), dir.path(), no_checkpoints()).expect("open");
+
+    let mut group = c.benchmark_group("projections_rebuild_1M");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10))
+        .warm_up_time(Duration::from_secs(2));
+    group.throughput(Throughput::Elements(EVENTS));
+    group.bench_function("baseline_store_scan", |b| {
+        b.iter(|| {
+            let mut sum = 0u64;
+            log.scan(Position(0), &mut |e| {
+                sum += e.payload.len() as u64 + e.revision;
+                ControlFlow::Continue(())
+            })
+            .expect("scan");
+            black_box(sum)
+        });
+    });
+    group.bench_function("rebuild_read_model", |b| {
+        b.iter(|| black_box(projections.rebuild().expect("rebuild")));
+    });
+    group.finish();
+
+    // Restart with a checkpoint: open (load + tail of 0) and serve one read.
+    projections.checkpoint().expect("checkpoint");
+    drop(projections);
+    let started = Instant::now();
+    let reopened =
+        Projections::open(Arc::clone(&log), dir.path(), no_checkpoints()).expect("reopen");
+    let view = reopened
+        .get(Kind::VirtualMachine, "bench", "vm-42", None)
+        .expect("get")
+        .expect("exists");
+    let restart = started.elapsed();
+    black_box(view);
+    println!(
+        "restart_with_checkpoint: {} streams, {} events: open + first read {:.1} ms",
+        EVENTS / EVENTS_PER_VM,
+        EVENTS,
+        restart.as_secs_f64() * 1e3
+    );
+}
+
+fn time_travel(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("log")).expect("open"));
+    fill(log.as_ref(), 1, TIME_TRAVEL_REVISIONS.min(1_000));
+    let vmi = Uuid::new_v4();
+    let mut revision = TIME_TRAVEL_REVISIONS.min(1_000);
+    while revision < TIME_TRAVEL_REVISIONS {
+        let mut events = Vec::new();
+        for i in 0..500 {
+            // Every 50th revision is a spec edit (JSON re-parsed by the fold), the rest heartbeats.
+            if (revision + i).is_multiple_of(50) {
+                events.push(proposed(&Event::VmSpecEdited(
+                    vmplane_core::event::VmSpecEdited {
+                        manifest_json: manifest("bench", "vm-0", 128 + revision + i),
+                    },
+                )));
+            } else {
+                events.push(proposed(&observed(vmi, revision + i)));
+            }
+        }
+        log.append(AppendRequest::new(
+            "vm/bench/vm-0",
+            ExpectedRevision::Exact(revision),
+            events,
+        ))
+        .expect("append");
+        revision += 500;
+    }
+    let projections =
+        Projections::open(Arc::clone(&log), dir.path(), no_checkpoints()).expect("open");
+    let mut rng = rand::thread_rng();
+    let mut group = c.benchmark_group("projections_time_travel");
+    group.bench_function("vm_at_random_revision_of_10000_warm", |b| {
+        b.iter(|| {
+            let r = rng.gen_range(1..=TIME_TRAVEL_REVISIONS);
+            black_box(
+                projections
+                    .get_at(Kind::VirtualMachine, "bench", "vm-0", At::Revision(r))
+                    .expect("get_at"),
+            )
+        });
+    });
+    group.bench_function("vm_at_random_revision_of_10000_cold_cache", |b| {
+        b.iter(|| {
+            projections.cache().clear();
+            let r = rng.gen_range(1..=TIME_TRAVEL_REVISIONS);
+            black_box(
+                projections
+                    .state_at("vm/bench/vm-0", Kind::VirtualMachine, r)
+                    .expect("state_at"),
+            )
+        });
+    });
+    group.bench_function("baseline_read_one_event", |b| {
+        b.iter(|| {
+            let p = rng.gen_range(1..=TIME_TRAVEL_REVISIONS);
+            black_box(log.read_event(Position(p)).expect("read"))
+        });
+    });
+    group.finish();
+}
+
+fn memory(_c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("log")).expect("open"));
+    // 100,000 VMs, each created and launched: 100 VMs per append.
+    for chunk in 0..MEMORY_VMS / 100 {
+        for v in 0..100 {
+            let name = format!("vm-{}", chunk * 100 + v);
+            log.append(AppendRequest::new(
+                format!("vm/bench/{name}"),
+                ExpectedRevision::NoStream,
+                vec![proposed(&created("bench", &name))],
+            ))
+            .expect("append");
+        }
+    }
+    let before = rss_kib();
+    let started = Instant::now();
+    let projections = Projections::in_memory(Arc::clone(&log), no_checkpoints()).expect("load");
+    let loaded = started.elapsed();
+    let after_load = rss_kib();
+    let list = projections
+        .list(Kind::VirtualMachine, Some("bench"), None)
+        .expect("list");
+    let after_list = rss_kib();
+    println!(
+        "memory_100k_vms: rss before {} MiB, after loading the read model {} MiB (+{} MiB, {:.0} ms), after listing all {} VMs with status {} MiB",
+        before / 1024,
+        after_load / 1024,
+        after_load.saturating_sub(before) / 1024,
+        loaded.as_secs_f64() * 1e3,
+        list.items.len(),
+        after_list / 1024
+    );
+}
+
+criterion_group!(benches, rebuild, time_travel, memory);
+criterion_main!(benches);

@@ -1,0 +1,765 @@
+//! The gRPC services of `vmplane.v1`: objects, lifecycle, history/audit and watch.
+//!
+//! Every handler: authenticates the caller (bearer token, or principal `local` without
+//! `--auth`), authorizes the namespace it touches before it reads anything (a refused request
+//! reveals nothing of the object), runs storage and projection calls on blocking threads, and
+//! converts between protobuf and `core`/`projections` types here, at the edge.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_stream::Stream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+use vmplane_core::types::{Kind, Manifest, parse_manifest};
+use vmplane_core::{ObjectCommand, Rejection, VmCommand, VmiCommand};
+use vmplane_projections::command::{Command, CommandError, CommandHandler, CommandMeta};
+use vmplane_projections::watch::WatchFilter;
+use vmplane_projections::{At, Projections};
+use vmplane_store::{EventLog, Position, Timestamp};
+
+use crate::auth::{Access, Authenticator, Principal};
+use crate::pb;
+use crate::status;
+
+/// Largest request the server decodes, in bytes: a manifest at core's limit plus framing.
+pub const REQUEST_BYTES_MAX: usize = vmplane_core::limits::MANIFEST_BYTES_MAX + 64 * 1024;
+/// Largest response the server sends, in bytes (a big list).
+pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
+/// Watch events buffered per client before the server waits for it to read.
+pub const WATCH_BUFFER_EVENTS_MAX: usize = 1024;
+/// Audit entries returned at most, whatever the request asks.
+pub const AUDIT_ENTRIES_MAX: usize = 100_000;
+
+/// Shared state of every service.
+pub struct Api {
+    log: Arc<dyn EventLog>,
+    projections: Arc<Projections>,
+    commands: Arc<CommandHandler>,
+    auth: Option<Arc<Authenticator>>,
+    read_wait: Duration,
+}
+
+impl Api {
+    /// Services over `projections` and `commands`; `auth` `None` means every request acts as
+    /// principal `local` (admin).
+    pub fn new(
+        log: Arc<dyn EventLog>,
+        projections: Arc<Projections>,
+        commands: Arc<CommandHandler>,
+        auth: Option<Arc<Authenticator>>,
+    ) -> Api {
+        Api {
+            log,
+            projections,
+            commands,
+            auth,
+            read_wait: Duration::from_secs(10),
+        }
+    }
+
+    /// The caller, from its bearer token.
+    fn principal(&self, metadata: &MetadataMap) -> Result<Principal, Status> {
+        let Some(auth) = &self.auth else {
+            return Ok(Principal::local());
+        };
+        let token = metadata
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                Status::unauthenticated("no bearer token: pass --token or VMPLANE_TOKEN")
+            })?;
+        auth.authenticate(token.trim())
+            .ok_or_else(|| Status::unauthenticated("the bearer token is not valid"))
+    }
+}
+
+/// Checks `access` to `kind` objects of `namespace` (cluster-scoped kinds ignore it).
+fn authorize(p: &Principal, access: Access, kind: Kind, namespace: &str) -> Result<(), Status> {
+    let ns = kind.namespaced().then_some(namespace);
+    if p.may(access, ns) {
+        return Ok(());
+    }
+    let verb = match access {
+        Access::Read => "read",
+        Access::Write => "change",
+        Access::Admin => "administer",
+    };
+    let scope = match ns {
+        Some(ns) => format!("in namespace {ns}"),
+        None => "(cluster-scoped)".to_string(),
+    };
+    Err(Status::permission_denied(format!(
+        "principal {} may not {verb} {} objects {scope}",
+        p.name,
+        kind.as_str()
+    )))
+}
+
+fn parse_kind(kind: &str) -> Result<Kind, Status> {
+    Kind::from_cli_name(kind).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "kind {kind:?} is not known; use vm, vmi, instancetype, clusterinstancetype, \
+             preference, clusterpreference, snapshot, restore, clone or kubevirt"
+        ))
+    })
+}
+
+fn namespace_or_default(ns: &str) -> String {
+    if ns.is_empty() {
+        "default".to_string()
+    } else {
+        ns.to_string()
+    }
+}
+
+/// Runs blocking storage/projection work off the runtime's workers.
+async fn blocking<R: Send + 'static>(
+    f: impl FnOnce() -> Result<R, Status> + Send + 'static,
+) -> Result<R, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("worker failed: {e}")))?
+}
+
+fn from_projection(context: &str, err: vmplane_projections::Error) -> Status {
+    use vmplane_projections::Error as E;
+    match &err {
+        E::NotFound { .. } => Status::not_found(format!("{context}: {err}")),
+        E::Timeout { .. } => Status::deadline_exceeded(format!("{context}: {err}")),
+        E::Invalid { .. } => Status::invalid_argument(format!("{context}: {err}")),
+        E::Store(e) => status::from_store(context, e),
+        _ => Status::internal(format!("{context}: {err}")),
+    }
+}
+
+fn from_command(object: &str, err: CommandError) -> Status {
+    match err {
+        CommandError::Rejected(r) => status::from_rejection(object, &r),
+        CommandError::Store(e) => status::from_store(object, &e),
+        CommandError::Read(e) => from_projection(object, e),
+        CommandError::RetriesExhausted { .. } => Status::aborted(format!("{object}: {err}")),
+        other => Status::internal(format!("{object}: {other}")),
+    }
+}
+
+fn describe(kind: Kind, namespace: &str, name: &str) -> String {
+    if kind.namespaced() {
+        format!("{} {namespace}/{name}", kind.as_str())
+    } else {
+        format!("{} {name}", kind.as_str())
+    }
+}
+
+fn to_pb(view: &vmplane_projections::render::ObjectView) -> pb::Object {
+    pb::Object {
+        kind: view.kind.as_str().to_string(),
+        namespace: view.namespace.clone().unwrap_or_default(),
+        name: view.name.clone(),
+        uid: view.uid.clone().unwrap_or_default(),
+        generation: view.generation,
+        resource_version: view.resource_version.0,
+        json: view.object.to_string(),
+    }
+}
+
+fn parse_time(field: &str, value: &str) -> Result<Timestamp, Status> {
+    let t = chrono::DateTime::parse_from_rfc3339(value).map_err(|e| {
+        Status::invalid_argument(format!("{field}: {value:?} is not an RFC 3339 time: {e}"))
+    })?;
+    let ns = t
+        .timestamp_nanos_opt()
+        .ok_or_else(|| Status::invalid_argument(format!("{field}: {value:?} is out of range")))?;
+    Ok(Timestamp(ns))
+}
+
+fn request_id(id: &str) -> Result<Option<uuid::Uuid>, Status> {
+    if id.is_empty() {
+        return Ok(None);
+    }
+    uuid::Uuid::parse_str(id)
+        .map(Some)
+        .map_err(|_| Status::invalid_argument(format!("request_id: {id:?} is not a UUID")))
+}
+
+fn meta(p: &Principal, request_id: Option<uuid::Uuid>) -> CommandMeta {
+    CommandMeta {
+        actor: p.name.clone(),
+        request_id,
+        ..CommandMeta::default()
+    }
+}
+
+/// The command `apply` runs for `manifest`, with the request's options.
+fn apply_command(manifest: Manifest, expected: Option<u64>, import: bool) -> Command {
+    let mut command = Command::apply(manifest);
+    match &mut command {
+        Command::Vm {
+            command: VmCommand::Apply(put),
+            ..
+        } => {
+            put.expected_generation = expected;
+            if import {
+                put.origin = vmplane_core::event::CreateOrigin::Import;
+            }
+        }
+        Command::Object {
+            command: ObjectCommand::Apply(_, gen_),
+            ..
+        } => *gen_ = expected,
+        _ => {}
+    }
+    command
+}
+
+#[tonic::async_trait]
+impl pb::objects_server::Objects for Api {
+    async fn apply(
+        &self,
+        request: Request<pb::ApplyRequest>,
+    ) -> Result<Response<pb::ApplyResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let mut manifest = parse_manifest(r.manifest.as_bytes())
+            .map_err(|e| status::from_rejection("manifest", &Rejection::from(e)))?;
+        let kind = manifest.kind();
+        if !kind.managed() {
+            return Err(Status::invalid_argument(format!(
+                "kind: {} is parsed but not managed by vmplane",
+                kind.as_str()
+            )));
+        }
+        let namespace = match manifest.metadata().namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => ns.to_string(),
+            _ => namespace_or_default(&r.namespace),
+        };
+        if kind.namespaced() {
+            manifest.metadata_mut().namespace = Some(namespace.clone());
+        }
+        let name = manifest.metadata().name_str().to_string();
+        authorize(&p, Access::Write, kind, &namespace)?;
+        let object = describe(kind, &namespace, &name);
+        let command = apply_command(manifest, r.expected_generation, r.import);
+        let meta = meta(&p, request_id(&r.request_id)?);
+        let (commands, projections, wait) = (
+            self.commands.clone(),
+            self.projections.clone(),
+            self.read_wait,
+        );
+        blocking(move || {
+            if r.dry_run {
+                let outcome = commands
+                    .dry_run(command)
+                    .map_err(|e| from_command(&object, e))?;
+                return Ok(Response::new(pb::ApplyResponse {
+                    object: Some(pb::Object {
+                        kind: kind.as_str().to_string(),
+                        namespace: if kind.namespaced() {
+                            namespace
+                        } else {
+                            String::new()
+                        },
+                        name,
+                        json: r.manifest,
+                        ..Default::default()
+                    }),
+                    outcome: outcome.as_str().to_string(),
+                    position: projections.position().0,
+                }));
+            }
+            let done = commands
+                .execute(&meta, command)
+                .map_err(|e| from_command(&object, e))?;
+            let view = projections
+                .get(kind, &namespace, &name, Some(done.position))
+                .map_err(|e| from_projection(&object, e))?
+                .ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
+            let _ = wait;
+            Ok(Response::new(pb::ApplyResponse {
+                object: Some(to_pb(&view)),
+                outcome: done.outcome.as_str().to_string(),
+                position: done.position.0,
+            }))
+        })
+        .await
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetRequest>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let rf = r.r#ref.unwrap_or_default();
+        let kind = parse_kind(&rf.kind)?;
+        let namespace = namespace_or_default(&rf.namespace);
+        authorize(&p, Access::Read, kind, &namespace)?;
+        let at = match r.at.and_then(|a| a.at) {
+            None => At::Current,
+            Some(pb::point_in_time::At::Revision(n)) => At::Revision(n),
+            Some(pb::point_in_time::At::Position(n)) => At::Position(Position(n)),
+            Some(pb::point_in_time::At::AsOf(t)) => At::Time(parse_time("as_of", &t)?),
+        };
+        let object = describe(kind, &namespace, &rf.name);
+        let projections = self.projections.clone();
+        let min = (r.min_position > 0).then_some(Position(r.min_position));
+        blocking(move || {
+            let view = match at {
+                At::Current => projections.get(kind, &namespace, &rf.name, min),
+                other => projections.get_at(kind, &namespace, &rf.name, other),
+            }
+            .map_err(|e| from_projection(&object, e))?;
+            let when = match at {
+                At::Current => String::new(),
+                At::Revision(n) => format!(" at revision {n}"),
+                At::Position(p) => format!(" at position {}", p.0),
+                At::Time(_) => " at that time".to_string(),
+            };
+            let view =
+                view.ok_or_else(|| Status::not_found(format!("{object} not found{when}")))?;
+            Ok(Response::new(pb::GetResponse {
+                object: Some(to_pb(&view)),
+                read_position: projections.position().0,
+            }))
+        })
+        .await
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let kind = parse_kind(&r.kind)?;
+        let namespace = namespace_or_default(&r.namespace);
+        // All namespaces: an admin sees every one; others see the ones they may read.
+        let (scope, readable) = if r.all_namespaces || !kind.namespaced() {
+            (
+                None,
+                if kind.namespaced() {
+                    p.readable_namespaces()
+                } else {
+                    None
+                },
+            )
+        } else {
+            authorize(&p, Access::Read, kind, &namespace)?;
+            (Some(namespace), None)
+        };
+        let projections = self.projections.clone();
+        let min = (r.min_position > 0).then_some(Position(r.min_position));
+        blocking(move || {
+            let list = projections
+                .list(kind, scope.as_deref(), min)
+                .map_err(|e| from_projection(kind.as_str(), e))?;
+            let items = list
+                .items
+                .iter()
+                .filter(|v| match (&readable, &v.namespace) {
+                    (Some(allowed), Some(ns)) => allowed.iter().any(|a| a == ns),
+                    _ => true,
+                })
+                .map(to_pb)
+                .collect();
+            Ok(Response::new(pb::ListResponse {
+                items,
+                read_position: list.position.0,
+            }))
+        })
+        .await
+    }
+
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let rf = r.r#ref.unwrap_or_default();
+        let kind = parse_kind(&rf.kind)?;
+        let namespace = namespace_or_default(&rf.namespace);
+        authorize(&p, Access::Write, kind, &namespace)?;
+        let object = describe(kind, &namespace, &rf.name);
+        let command = match kind {
+            Kind::VirtualMachine => Command::Vm {
+                namespace,
+                name: rf.name,
+                command: VmCommand::Delete {
+                    expected_generation: r.expected_generation,
+                },
+            },
+            Kind::VirtualMachineInstance => Command::Vmi {
+                namespace,
+                name: rf.name,
+                command: VmiCommand::Delete,
+            },
+            kind => Command::Object {
+                kind,
+                namespace,
+                name: rf.name,
+                command: ObjectCommand::Delete(r.expected_generation),
+            },
+        };
+        let meta = meta(&p, request_id(&r.request_id)?);
+        let commands = self.commands.clone();
+        blocking(move || {
+            let done = commands
+                .execute(&meta, command)
+                .map_err(|e| from_command(&object, e))?;
+            Ok(Response::new(pb::DeleteResponse {
+                position: done.position.0,
+            }))
+        })
+        .await
+    }
+
+    async fn expand(
+        &self,
+        request: Request<pb::ExpandRequest>,
+    ) -> Result<Response<pb::ExpandResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let commands = self.commands.clone();
+        match r.source {
+            Some(pb::expand_request::Source::Ref(rf)) => {
+                let kind = parse_kind(&rf.kind)?;
+                if kind != Kind::VirtualMachine {
+                    return Err(Status::invalid_argument(format!(
+                        "expand: only VirtualMachines expand, not {}",
+                        kind.as_str()
+                    )));
+                }
+                let namespace = namespace_or_default(&rf.namespace);
+                authorize(&p, Access::Read, kind, &namespace)?;
+                let object = describe(kind, &namespace, &rf.name);
+                blocking(move || {
+                    let vm = commands
+                        .expand_vm(&namespace, &rf.name)
+                        .map_err(|e| from_command(&object, e))?
+                        .ok_or_else(|| Status::not_found(format!("{object} not found")))?;
+                    let json = serde_json::to_string(&vm)
+                        .map_err(|e| Status::internal(format!("{object}: {e}")))?;
+                    Ok(Response::new(pb::ExpandResponse { json }))
+                })
+                .await
+            }
+            Some(pb::expand_request::Source::Manifest(text)) => {
+                let mut manifest = parse_manifest(text.as_bytes())
+                    .map_err(|e| status::from_rejection("manifest", &Rejection::from(e)))?;
+                if manifest.kind() != Kind::VirtualMachine {
+                    return Err(Status::invalid_argument(format!(
+                        "expand: only VirtualMachines expand, not {}",
+                        manifest.kind().as_str()
+                    )));
+                }
+                let namespace = match manifest.metadata().namespace.as_deref() {
+                    Some(ns) if !ns.is_empty() => ns.to_string(),
+                    _ => namespace_or_default(&r.namespace),
+                };
+                manifest.metadata_mut().namespace = Some(namespace.clone());
+                authorize(&p, Access::Read, Kind::VirtualMachine, &namespace)?;
+                let object = describe(
+                    Kind::VirtualMachine,
+                    &namespace,
+                    manifest.metadata().name_str(),
+                );
+                blocking(move || {
+                    let vm = commands
+                        .expand_manifest(manifest)
+                        .map_err(|e| from_command(&object, e))?;
+                    let json = serde_json::to_string(&vm)
+                        .map_err(|e| Status::internal(format!("{object}: {e}")))?;
+                    Ok(Response::new(pb::ExpandResponse { json }))
+                })
+                .await
+            }
+            None => Err(Status::invalid_argument(
+                "expand: give a VM reference or a manifest",
+            )),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::lifecycle_server::Lifecycle for Api {
+    async fn start(
+        &self,
+        request: Request<pb::LifecycleRequest>,
+    ) -> Result<Response<pb::LifecycleResponse>, Status> {
+        self.lifecycle(request, VmCommand::Start { paused: false })
+            .await
+    }
+
+    async fn stop(
+        &self,
+        request: Request<pb::LifecycleRequest>,
+    ) -> Result<Response<pb::LifecycleResponse>, Status> {
+        self.lifecycle(request, VmCommand::Stop).await
+    }
+
+    async fn restart(
+        &self,
+        request: Request<pb::LifecycleRequest>,
+    ) -> Result<Response<pb::LifecycleResponse>, Status> {
+        self.lifecycle(request, VmCommand::Restart).await
+    }
+}
+
+impl Api {
+    async fn lifecycle(
+        &self,
+        request: Request<pb::LifecycleRequest>,
+        command: VmCommand,
+    ) -> Result<Response<pb::LifecycleResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let namespace = namespace_or_default(&r.namespace);
+        authorize(&p, Access::Write, Kind::VirtualMachine, &namespace)?;
+        let object = describe(Kind::VirtualMachine, &namespace, &r.name);
+        let meta = meta(&p, request_id(&r.request_id)?);
+        let command = Command::Vm {
+            namespace,
+            name: r.name,
+            command,
+        };
+        let commands = self.commands.clone();
+        blocking(move || {
+            let done = commands
+                .execute(&meta, command)
+                .map_err(|e| from_command(&object, e))?;
+            Ok(Response::new(pb::LifecycleResponse {
+                position: done.position.0,
+                outcome: done.outcome.as_str().to_string(),
+            }))
+        })
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl pb::history_server::History for Api {
+    async fn history(
+        &self,
+        request: Request<pb::HistoryRequest>,
+    ) -> Result<Response<pb::HistoryResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let rf = r.r#ref.unwrap_or_default();
+        let kind = parse_kind(&rf.kind)?;
+        let namespace = namespace_or_default(&rf.namespace);
+        authorize(&p, Access::Read, kind, &namespace)?;
+        let object = describe(kind, &namespace, &rf.name);
+        let projections = self.projections.clone();
+        let (min, wait) = (r.min_position, self.read_wait);
+        blocking(move || {
+            if min > 0 {
+                projections
+                    .wait_for(Position(min), wait)
+                    .map_err(|e| from_projection(&object, e))?;
+            }
+            let entries = projections
+                .history(kind, &namespace, &rf.name)
+                .map_err(|e| from_projection(&object, e))?;
+            let revisions = entries
+                .into_iter()
+                .map(|h| pb::Revision {
+                    revision: h.revision,
+                    position: h.position,
+                    time: h.time,
+                    actor: h.actor,
+                    events: h.events,
+                    summary: h.summary,
+                })
+                .collect();
+            Ok(Response::new(pb::HistoryResponse { revisions }))
+        })
+        .await
+    }
+
+    async fn diff(
+        &self,
+        request: Request<pb::DiffRequest>,
+    ) -> Result<Response<pb::DiffResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let rf = r.r#ref.unwrap_or_default();
+        let kind = parse_kind(&rf.kind)?;
+        let namespace = namespace_or_default(&rf.namespace);
+        authorize(&p, Access::Read, kind, &namespace)?;
+        let object = describe(kind, &namespace, &rf.name);
+        let projections = self.projections.clone();
+        blocking(move || {
+            let d = projections
+                .diff(kind, &namespace, &rf.name, r.from_revision, r.to_revision)
+                .map_err(|e| from_projection(&object, e))?;
+            Ok(Response::new(pb::DiffResponse {
+                equal: d.is_equal(),
+                unified_diff: d.diff,
+            }))
+        })
+        .await
+    }
+
+    async fn audit(
+        &self,
+        request: Request<pb::AuditRequest>,
+    ) -> Result<Response<pb::AuditResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let kind = if r.kind.is_empty() {
+            None
+        } else {
+            Some(parse_kind(&r.kind)?)
+        };
+        let since = if r.since.is_empty() {
+            None
+        } else {
+            Some(parse_time("since", &r.since)?)
+        };
+        let until = if r.until.is_empty() {
+            None
+        } else {
+            Some(parse_time("until", &r.until)?)
+        };
+        let limit = if r.limit == 0 {
+            AUDIT_ENTRIES_MAX
+        } else {
+            (r.limit as usize).min(AUDIT_ENTRIES_MAX)
+        };
+        // Which namespaces: one (checked), or every readable one (None = all, for admins).
+        let (namespace, readable) = if r.all_namespaces {
+            (None, p.readable_namespaces())
+        } else {
+            let ns = namespace_or_default(&r.namespace);
+            if !p.may(Access::Read, Some(&ns)) {
+                return Err(Status::permission_denied(format!(
+                    "principal {} may not read the audit of namespace {ns}",
+                    p.name
+                )));
+            }
+            (Some(ns), None)
+        };
+        let projections = self.projections.clone();
+        blocking(move || {
+            let query = vmplane_projections::history::AuditQuery {
+                actor: (!r.actor.is_empty()).then_some(r.actor),
+                namespace,
+                kind,
+                since,
+                until,
+                // Filtering by readable namespaces happens below: read enough to fill `limit`.
+                records_max: if readable.is_some() {
+                    AUDIT_ENTRIES_MAX
+                } else {
+                    limit
+                },
+            };
+            let records = projections
+                .audit(&query)
+                .map_err(|e| from_projection("audit", e))?;
+            let entries = records
+                .into_iter()
+                .filter(|a| match &readable {
+                    // Cluster-scoped objects (namespace "") are readable by every principal.
+                    Some(allowed) => {
+                        a.namespace.is_empty() || allowed.contains(&a.namespace)
+                    }
+                    None => true,
+                })
+                .take(limit)
+                .map(|a| pb::AuditEntry {
+                    position: a.position,
+                    time: a.time,
+                    actor: a.actor,
+                    namespace: a.namespace,
+                    kind: a.kind,
+                    name: a.name,
+                    event: a.event,
+                    summary: a.summary,
+                })
+                .collect();
+            Ok(Response::new(pb::AuditResponse { entries }))
+        })
+        .await
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::watch_server::Watch for Api {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let p = self.principal(request.metadata())?;
+        let r = request.into_inner();
+        let kind = if r.kind.is_empty() {
+            None
+        } else {
+            Some(parse_kind(&r.kind)?)
+        };
+        let (namespace, readable) = if r.all_namespaces {
+            (None, p.readable_namespaces())
+        } else {
+            let ns = namespace_or_default(&r.namespace);
+            if !p.may(Access::Read, Some(&ns)) {
+                return Err(Status::permission_denied(format!(
+                    "principal {} may not watch namespace {ns}",
+                    p.name
+                )));
+            }
+            (Some(ns), None)
+        };
+        let after = match r.from_position {
+            Some(p) => Position(p),
+            None => self.log.head(),
+        };
+        let mut watch = self
+            .projections
+            .watch(after, WatchFilter { kind, namespace });
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER_EVENTS_MAX);
+        tokio::task::spawn_blocking(move || {
+            loop {
+                if tx.is_closed() {
+                    return;
+                }
+                let batch = match watch.next_batch(256, Duration::from_millis(500)) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(status::from_store("watch", &e)));
+                        return;
+                    }
+                };
+                for e in batch {
+                    if let Some(allowed) = &readable
+                        && !e.namespace.is_empty()
+                        && !allowed.contains(&e.namespace)
+                    {
+                        continue;
+                    }
+                    let ev = pb::WatchEvent {
+                        position: e.position,
+                        time: e.time,
+                        actor: e.actor,
+                        namespace: e.namespace,
+                        kind: e.kind,
+                        name: e.name,
+                        event: e.event,
+                    };
+                    if tx.blocking_send(Ok(ev)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}

@@ -1,0 +1,452 @@
+//! The client commands: each turns its arguments into gRPC calls and prints the answer as a
+//! table, YAML or JSON, like kubectl.
+
+use std::io::{IsTerminal, Read, Write};
+
+use anyhow::{Context, anyhow, bail};
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use crate::cli::{
+    ApplyArgs, AuditArgs, DeleteArgs, DiffArgs, ExpandArgs, GetArgs, GlobalArgs, HistoryArgs,
+    LifecycleArgs, Output, WatchArgs,
+};
+use crate::pb;
+use crate::print;
+
+/// Exit status of `diff` when the revisions differ.
+pub const DIFF_DIFFERENT_EXIT: u8 = 1;
+
+/// Adds the bearer token to every request.
+#[derive(Clone)]
+pub struct TokenInterceptor {
+    token: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl Interceptor for TokenInterceptor {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(token) = &self.token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Intercepted = tonic::service::interceptor::InterceptedService<Channel, TokenInterceptor>;
+
+/// Connected clients for every service.
+pub struct Clients {
+    pub objects: pb::objects_client::ObjectsClient<Intercepted>,
+    pub lifecycle: pb::lifecycle_client::LifecycleClient<Intercepted>,
+    pub history: pb::history_client::HistoryClient<Intercepted>,
+    pub watch: pb::watch_client::WatchClient<Intercepted>,
+}
+
+/// Largest message the client accepts from the server, in bytes.
+pub const CLIENT_MESSAGE_BYTES_MAX: usize = 64 << 20;
+
+impl Clients {
+    /// Connects to `--server`.
+    pub async fn connect(global: &GlobalArgs) -> anyhow::Result<Clients> {
+        let channel = Channel::from_shared(global.server.clone())
+            .map_err(|e| anyhow!("--server {}: not a valid URL: {e}", global.server))?
+            .connect()
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot reach the vmplane server at {} (is `vmplane serve` running? set --server or VMPLANE_SERVER)",
+                    global.server
+                )
+            })?;
+        let token = match &global.token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| anyhow!("--token: must be printable ASCII"))?,
+            ),
+            None => None,
+        };
+        let i = TokenInterceptor { token };
+        Ok(Clients {
+            objects: pb::objects_client::ObjectsClient::with_interceptor(
+                channel.clone(),
+                i.clone(),
+            )
+            .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
+            lifecycle: pb::lifecycle_client::LifecycleClient::with_interceptor(
+                channel.clone(),
+                i.clone(),
+            ),
+            history: pb::history_client::HistoryClient::with_interceptor(
+                channel.clone(),
+                i.clone(),
+            )
+            .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
+            watch: pb::watch_client::WatchClient::with_interceptor(channel, i),
+        })
+    }
+}
+
+/// A gRPC error as one line: the server's message already names the object and field.
+pub fn status_error(status: Status) -> anyhow::Error {
+    let code = match status.code() {
+        tonic::Code::InvalidArgument => "invalid",
+        tonic::Code::NotFound => "not found",
+        tonic::Code::AlreadyExists => "already exists",
+        tonic::Code::Aborted => "conflict",
+        tonic::Code::FailedPrecondition => "refused",
+        tonic::Code::PermissionDenied => "permission denied",
+        tonic::Code::Unauthenticated => "unauthenticated (pass --token or set VMPLANE_TOKEN)",
+        tonic::Code::ResourceExhausted => "too large",
+        tonic::Code::Unavailable => "server unavailable",
+        tonic::Code::DeadlineExceeded => "timed out",
+        _ => "server error",
+    };
+    anyhow!("{code}: {}", status.message())
+}
+
+/// Reads `-f FILE` (or standard input for `-`).
+pub fn read_input(file: &str) -> anyhow::Result<String> {
+    if file == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("read standard input")?;
+        Ok(s)
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("-f {file}: cannot read"))
+    }
+}
+
+/// Splits a YAML/JSON stream into its documents, each re-encoded as JSON (the server parses
+/// and validates them; this only finds document boundaries).
+pub fn split_documents(text: &str, file: &str) -> anyhow::Result<Vec<String>> {
+    let mut docs = Vec::new();
+    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = serde_json::Value::deserialize_from(de)
+            .map_err(|e| anyhow!("-f {file}: document {}: {e}", i + 1))?;
+        if value.is_null() {
+            continue; // an empty document (e.g. a trailing `---`)
+        }
+        docs.push(serde_json::to_string(&value).context("re-encode a document")?);
+    }
+    if docs.is_empty() {
+        bail!("-f {file}: no objects found");
+    }
+    Ok(docs)
+}
+
+trait DeserializeFrom: Sized {
+    fn deserialize_from(de: serde_yaml::Deserializer<'_>) -> Result<Self, serde_yaml::Error>;
+}
+
+impl DeserializeFrom for serde_json::Value {
+    fn deserialize_from(de: serde_yaml::Deserializer<'_>) -> Result<Self, serde_yaml::Error> {
+        serde::Deserialize::deserialize(de)
+    }
+}
+
+/// `apply` and `import`.
+pub async fn apply(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &ApplyArgs,
+    import: bool,
+) -> anyhow::Result<()> {
+    let text = read_input(&a.file)?;
+    let docs = split_documents(&text, &a.file)?;
+    let mut out = std::io::stdout().lock();
+    let mut failures = 0usize;
+    for doc in docs {
+        let resp = c
+            .objects
+            .apply(pb::ApplyRequest {
+                manifest: doc,
+                namespace: g.namespace.clone(),
+                expected_generation: a.expected_generation,
+                dry_run: a.dry_run,
+                import,
+                request_id: uuid::Uuid::now_v7().to_string(),
+            })
+            .await;
+        match resp {
+            Ok(r) => {
+                let r = r.into_inner();
+                let obj = r.object.unwrap_or_default();
+                let suffix = if a.dry_run { " (dry run)" } else { "" };
+                match g.output {
+                    Some(Output::Json) | Some(Output::Yaml) => {
+                        print::object(&mut out, g.output, &obj)?;
+                    }
+                    _ => writeln!(
+                        out,
+                        "{}/{} {}{suffix}",
+                        print::short_kind(&obj.kind),
+                        obj.name,
+                        r.outcome
+                    )?,
+                }
+            }
+            Err(status) => {
+                failures += 1;
+                eprintln!("vmplane: error: {}", status_error(status));
+            }
+        }
+    }
+    if failures > 0 {
+        bail!("{failures} object(s) not applied");
+    }
+    Ok(())
+}
+
+fn point_in_time(a: &GetArgs) -> Option<pb::PointInTime> {
+    use pb::point_in_time::At;
+    let at = if let Some(r) = a.revision {
+        At::Revision(r)
+    } else if let Some(p) = a.at_position {
+        At::Position(p)
+    } else if let Some(t) = &a.as_of {
+        At::AsOf(t.clone())
+    } else {
+        return None;
+    };
+    Some(pb::PointInTime { at: Some(at) })
+}
+
+/// `get`.
+pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match &a.name {
+        Some(name) => {
+            let resp = c
+                .objects
+                .get(pb::GetRequest {
+                    r#ref: Some(pb::ObjectRef {
+                        kind: a.kind.clone(),
+                        namespace: g.namespace.clone(),
+                        name: name.clone(),
+                    }),
+                    at: point_in_time(a),
+                    min_position: 0,
+                })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            let obj = resp.object.unwrap_or_default();
+            match g.output {
+                None | Some(Output::Table) => print::object_table(&mut out, &[obj], false)?,
+                other => print::object(&mut out, other, &obj)?,
+            }
+        }
+        None => {
+            let resp = c
+                .objects
+                .list(pb::ListRequest {
+                    kind: a.kind.clone(),
+                    namespace: g.namespace.clone(),
+                    all_namespaces: a.all_namespaces,
+                    min_position: 0,
+                })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            match g.output {
+                None | Some(Output::Table) => {
+                    if resp.items.is_empty() {
+                        let scope = if a.all_namespaces {
+                            "any namespace".to_string()
+                        } else {
+                            format!("namespace {}", g.namespace)
+                        };
+                        eprintln!("No resources found in {scope}.");
+                    } else {
+                        print::object_table(&mut out, &resp.items, a.all_namespaces)?;
+                    }
+                }
+                other => print::list(&mut out, other, &resp.items, resp.read_position)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `delete`.
+pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::Result<()> {
+    c.objects
+        .delete(pb::DeleteRequest {
+            r#ref: Some(pb::ObjectRef {
+                kind: a.kind.clone(),
+                namespace: g.namespace.clone(),
+                name: a.name.clone(),
+            }),
+            expected_generation: a.expected_generation,
+            request_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .map_err(status_error)?;
+    println!("{}/{} deleted", print::short_kind_of_arg(&a.kind), a.name);
+    Ok(())
+}
+
+/// The lifecycle verbs.
+#[derive(Debug, Clone, Copy)]
+pub enum Verb {
+    /// start
+    Start,
+    /// stop
+    Stop,
+    /// restart
+    Restart,
+}
+
+/// `start`, `stop`, `restart`.
+pub async fn lifecycle(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &LifecycleArgs,
+    verb: Verb,
+) -> anyhow::Result<()> {
+    let req = pb::LifecycleRequest {
+        namespace: g.namespace.clone(),
+        name: a.name.clone(),
+        request_id: uuid::Uuid::now_v7().to_string(),
+    };
+    let (resp, done) = match verb {
+        Verb::Start => (c.lifecycle.start(req).await, "start requested"),
+        Verb::Stop => (c.lifecycle.stop(req).await, "stop requested"),
+        Verb::Restart => (c.lifecycle.restart(req).await, "restart requested"),
+    };
+    let resp = resp.map_err(status_error)?.into_inner();
+    if resp.outcome == "unchanged" {
+        println!("vm/{} unchanged", a.name);
+    } else {
+        println!("vm/{} {done}", a.name);
+    }
+    Ok(())
+}
+
+/// `expand`.
+pub async fn expand(c: &mut Clients, g: &GlobalArgs, a: &ExpandArgs) -> anyhow::Result<()> {
+    use pb::expand_request::Source;
+    let source = match (&a.file, &a.kind, &a.name) {
+        (Some(file), _, _) => {
+            let docs = split_documents(&read_input(file)?, file)?;
+            if docs.len() != 1 {
+                bail!(
+                    "-f {file}: expand takes exactly one VirtualMachine, found {} documents",
+                    docs.len()
+                );
+            }
+            Source::Manifest(docs.into_iter().next().unwrap_or_default())
+        }
+        (None, Some(kind), Some(name)) => Source::Ref(pb::ObjectRef {
+            kind: kind.clone(),
+            namespace: g.namespace.clone(),
+            name: name.clone(),
+        }),
+        _ => bail!("expand needs `vm NAME` or -f FILE"),
+    };
+    let resp = c
+        .objects
+        .expand(pb::ExpandRequest {
+            source: Some(source),
+            namespace: g.namespace.clone(),
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let value: serde_json::Value =
+        serde_json::from_str(&resp.json).context("the server sent invalid JSON")?;
+    let mut out = std::io::stdout().lock();
+    print::value(&mut out, g.output.unwrap_or(Output::Yaml), &value)
+}
+
+/// `history`.
+pub async fn history(c: &mut Clients, g: &GlobalArgs, a: &HistoryArgs) -> anyhow::Result<()> {
+    let resp = c
+        .history
+        .history(pb::HistoryRequest {
+            r#ref: Some(pb::ObjectRef {
+                kind: a.kind.clone(),
+                namespace: g.namespace.clone(),
+                name: a.name.clone(),
+            }),
+            min_position: 0,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    print::history(&mut out, g.output, &resp.revisions)
+}
+
+/// `diff`: returns whether the revisions differ.
+pub async fn diff(c: &mut Clients, g: &GlobalArgs, a: &DiffArgs) -> anyhow::Result<bool> {
+    let resp = c
+        .history
+        .diff(pb::DiffRequest {
+            r#ref: Some(pb::ObjectRef {
+                kind: a.kind.clone(),
+                namespace: g.namespace.clone(),
+                name: a.name.clone(),
+            }),
+            from_revision: a.from,
+            to_revision: a.to,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    if !resp.equal {
+        let color = std::io::stdout().is_terminal();
+        let mut out = std::io::stdout().lock();
+        print::unified_diff(&mut out, &resp.unified_diff, color)?;
+    }
+    Ok(!resp.equal)
+}
+
+/// `audit`.
+pub async fn audit(c: &mut Clients, g: &GlobalArgs, a: &AuditArgs) -> anyhow::Result<()> {
+    let resp = c
+        .history
+        .audit(pb::AuditRequest {
+            actor: a.actor.clone().unwrap_or_default(),
+            namespace: g.namespace.clone(),
+            all_namespaces: a.all_namespaces,
+            kind: a.kind.clone().unwrap_or_default(),
+            since: a.since.clone().unwrap_or_default(),
+            until: a.until.clone().unwrap_or_default(),
+            limit: a.limit,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    print::audit(&mut out, g.output, &resp.entries)
+}
+
+/// `watch`: prints events until the server ends the stream or the user interrupts.
+pub async fn watch(c: &mut Clients, g: &GlobalArgs, a: &WatchArgs) -> anyhow::Result<()> {
+    let mut stream = c
+        .watch
+        .watch(pb::WatchRequest {
+            kind: a.kind.clone().unwrap_or_default(),
+            namespace: g.namespace.clone(),
+            all_namespaces: a.all_namespaces,
+            from_position: a.from_position,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    let mut header = true;
+    while let Some(ev) = stream.message().await.map_err(status_error)? {
+        print::watch_event(&mut out, g.output, &ev, header)?;
+        header = false;
+        out.flush()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,413 @@
+//! Output like kubectl's: aligned tables for people, KubeVirt-shaped YAML and JSON for tools.
+
+use std::io::Write;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+
+use crate::cli::Output;
+use crate::pb;
+
+/// kubectl's short name for a KubeVirt kind.
+pub fn short_kind(kind: &str) -> String {
+    match kind {
+        "VirtualMachine" => "virtualmachine".into(),
+        "VirtualMachineInstance" => "virtualmachineinstance".into(),
+        other => other.to_ascii_lowercase(),
+    }
+}
+
+/// The kind as the user typed it, singular.
+pub fn short_kind_of_arg(kind: &str) -> String {
+    kind.trim_end_matches('s').to_ascii_lowercase()
+}
+
+/// Parses an object's JSON document.
+fn parse(obj: &pb::Object) -> anyhow::Result<serde_json::Value> {
+    serde_json::from_str(&obj.json)
+        .with_context(|| format!("the server sent invalid JSON for {}/{}", obj.kind, obj.name))
+}
+
+/// One object as YAML or JSON.
+pub fn object(
+    out: &mut impl Write,
+    format: Option<Output>,
+    obj: &pb::Object,
+) -> anyhow::Result<()> {
+    let value = parse(obj)?;
+    value_to(out, format.unwrap_or(Output::Yaml), &value)
+}
+
+/// Any JSON value as YAML or JSON (a table falls back to YAML).
+pub fn value(
+    out: &mut impl Write,
+    format: Output,
+    value: &serde_json::Value,
+) -> anyhow::Result<()> {
+    value_to(out, format, value)
+}
+
+fn value_to(out: &mut impl Write, format: Output, value: &serde_json::Value) -> anyhow::Result<()> {
+    match format {
+        Output::Json => {
+            serde_json::to_writer_pretty(&mut *out, value)?;
+            writeln!(out)?;
+        }
+        Output::Yaml | Output::Table => {
+            out.write_all(serde_yaml::to_string(value)?.as_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+/// A list in Kubernetes' shape: `{"apiVersion": "v1", "kind": "List", "items": [...],
+/// "metadata": {"resourceVersion": P}}`.
+pub fn list(
+    out: &mut impl Write,
+    format: Option<Output>,
+    items: &[pb::Object],
+    read_position: u64,
+) -> anyhow::Result<()> {
+    let items: Vec<serde_json::Value> = items.iter().map(parse).collect::<anyhow::Result<_>>()?;
+    let list = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": items,
+        "metadata": {"resourceVersion": read_position.to_string()},
+    });
+    value_to(out, format.unwrap_or(Output::Yaml), &list)
+}
+
+/// Writes rows as columns separated by three spaces, each as wide as its widest cell.
+pub fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        let last = cells.len().saturating_sub(1);
+        let mut s = String::new();
+        for (i, cell) in cells.into_iter().enumerate() {
+            s.push_str(cell);
+            if i < last {
+                let pad = widths[i] - cell.chars().count() + 3;
+                s.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        s
+    };
+    writeln!(out, "{}", line(header.to_vec()))?;
+    for row in rows {
+        writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+    }
+    Ok(())
+}
+
+/// kubectl's age: `42s`, `5m`, `3h`, `12d`.
+pub fn age(created: Option<&str>, now: DateTime<Utc>) -> String {
+    let Some(created) = created.and_then(|c| DateTime::parse_from_rfc3339(c).ok()) else {
+        return "<unknown>".into();
+    };
+    let secs = (now - created.with_timezone(&Utc)).num_seconds().max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 3600 * 2 => format!("{}m", s / 60),
+        s if s < 86400 * 2 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn str_at<'a>(v: &'a serde_json::Value, path: &[&str]) -> Option<&'a str> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(p)?;
+    }
+    cur.as_str()
+}
+
+/// A table of objects, with columns that fit their kind.
+pub fn object_table(
+    out: &mut impl Write,
+    items: &[pb::Object],
+    with_ns: bool,
+) -> anyhow::Result<()> {
+    let now = Utc::now();
+    let kind = items.first().map(|o| o.kind.as_str()).unwrap_or("");
+    let mut header: Vec<&str> = Vec::new();
+    if with_ns {
+        header.push("NAMESPACE");
+    }
+    let mut rows = Vec::new();
+    match kind {
+        "VirtualMachine" => header.extend(["NAME", "STATUS", "AGE", "GENERATION", "FIRMWARE-UUID"]),
+        "VirtualMachineInstance" => {
+            header.extend(["NAME", "PHASE", "AGE", "NODE", "FIRMWARE-UUID"])
+        }
+        _ => header.extend(["NAME", "AGE", "GENERATION"]),
+    }
+    for obj in items {
+        let v = parse(obj)?;
+        let created = str_at(&v, &["metadata", "creationTimestamp"]);
+        let mut row = Vec::new();
+        if with_ns {
+            row.push(obj.namespace.clone());
+        }
+        row.push(obj.name.clone());
+        match kind {
+            "VirtualMachine" => {
+                row.push(
+                    str_at(&v, &["status", "printableStatus"])
+                        .unwrap_or("")
+                        .to_string(),
+                );
+                row.push(age(created, now));
+                row.push(obj.generation.to_string());
+                row.push(
+                    str_at(
+                        &v,
+                        &["spec", "template", "spec", "domain", "firmware", "uuid"],
+                    )
+                    .unwrap_or("")
+                    .to_string(),
+                );
+            }
+            "VirtualMachineInstance" => {
+                row.push(str_at(&v, &["status", "phase"]).unwrap_or("").to_string());
+                row.push(age(created, now));
+                row.push(
+                    str_at(&v, &["status", "nodeName"])
+                        .unwrap_or("")
+                        .to_string(),
+                );
+                row.push(
+                    str_at(&v, &["spec", "domain", "firmware", "uuid"])
+                        .unwrap_or("")
+                        .to_string(),
+                );
+            }
+            _ => {
+                row.push(age(created, now));
+                row.push(obj.generation.to_string());
+            }
+        }
+        rows.push(row);
+    }
+    table(out, &header, &rows)?;
+    Ok(())
+}
+
+/// `history`: a table, or a list of `{revision, position, time, actor, events, summary}`.
+pub fn history(
+    out: &mut impl Write,
+    format: Option<Output>,
+    revisions: &[pb::Revision],
+) -> anyhow::Result<()> {
+    match format {
+        None | Some(Output::Table) => {
+            let rows: Vec<Vec<String>> = revisions
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.revision.to_string(),
+                        r.position.to_string(),
+                        r.time.clone(),
+                        r.actor.clone(),
+                        r.events.join(","),
+                        r.summary.clone(),
+                    ]
+                })
+                .collect();
+            table(
+                out,
+                &["REVISION", "POSITION", "TIME", "ACTOR", "EVENTS", "SUMMARY"],
+                &rows,
+            )?;
+        }
+        Some(f) => {
+            let list: Vec<serde_json::Value> = revisions
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "revision": r.revision, "position": r.position, "time": r.time,
+                        "actor": r.actor, "events": r.events, "summary": r.summary,
+                    })
+                })
+                .collect();
+            value_to(out, f, &serde_json::Value::Array(list))?;
+        }
+    }
+    Ok(())
+}
+
+/// `audit`: a table, or a list of `{position, time, actor, namespace, kind, name, event, summary}`.
+pub fn audit(
+    out: &mut impl Write,
+    format: Option<Output>,
+    entries: &[pb::AuditEntry],
+) -> anyhow::Result<()> {
+    match format {
+        None | Some(Output::Table) => {
+            let rows: Vec<Vec<String>> = entries
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.position.to_string(),
+                        e.time.clone(),
+                        e.actor.clone(),
+                        e.namespace.clone(),
+                        e.kind.clone(),
+                        e.name.clone(),
+                        e.event.clone(),
+                        e.summary.clone(),
+                    ]
+                })
+                .collect();
+            table(
+                out,
+                &[
+                    "POSITION",
+                    "TIME",
+                    "ACTOR",
+                    "NAMESPACE",
+                    "KIND",
+                    "NAME",
+                    "EVENT",
+                    "SUMMARY",
+                ],
+                &rows,
+            )?;
+        }
+        Some(f) => {
+            let list: Vec<serde_json::Value> = entries.iter().map(audit_json).collect();
+            value_to(out, f, &serde_json::Value::Array(list))?;
+        }
+    }
+    Ok(())
+}
+
+fn audit_json(e: &pb::AuditEntry) -> serde_json::Value {
+    serde_json::json!({
+        "position": e.position, "time": e.time, "actor": e.actor, "namespace": e.namespace,
+        "kind": e.kind, "name": e.name, "event": e.event, "summary": e.summary,
+    })
+}
+
+/// One watch event: with JSON one object a line
+/// (`{position, time, actor, namespace, kind, name, event}`), otherwise a table row.
+pub fn watch_event(
+    out: &mut impl Write,
+    format: Option<Output>,
+    e: &pb::WatchEvent,
+    header: bool,
+) -> anyhow::Result<()> {
+    match format {
+        Some(Output::Json) => {
+            let v = serde_json::json!({
+                "position": e.position, "time": e.time, "actor": e.actor,
+                "namespace": e.namespace, "kind": e.kind, "name": e.name, "event": e.event,
+            });
+            serde_json::to_writer(&mut *out, &v)?;
+            writeln!(out)?;
+        }
+        Some(Output::Yaml) => {
+            writeln!(out, "---")?;
+            let v = serde_json::json!({
+                "position": e.position, "time": e.time, "actor": e.actor,
+                "namespace": e.namespace, "kind": e.kind, "name": e.name, "event": e.event,
+            });
+            out.write_all(serde_yaml::to_string(&v)?.as_bytes())?;
+        }
+        None | Some(Output::Table) => {
+            // Fixed widths: a stream cannot be aligned after the fact.
+            if header {
+                writeln!(
+                    out,
+                    "{:<10} {:<25} {:<12} {:<15} {:<24} {:<24} EVENT",
+                    "POSITION", "TIME", "ACTOR", "NAMESPACE", "KIND", "NAME"
+                )?;
+            }
+            writeln!(
+                out,
+                "{:<10} {:<25} {:<12} {:<15} {:<24} {:<24} {}",
+                e.position, e.time, e.actor, e.namespace, e.kind, e.name, e.event
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A unified diff, colored on a terminal.
+pub fn unified_diff(out: &mut impl Write, diff: &str, color: bool) -> std::io::Result<()> {
+    for line in diff.lines() {
+        if !color {
+            writeln!(out, "{line}")?;
+        } else if line.starts_with("+++") || line.starts_with("---") {
+            writeln!(out, "\x1b[1m{line}\x1b[0m")?;
+        } else if line.starts_with('+') {
+            writeln!(out, "\x1b[32m{line}\x1b[0m")?;
+        } else if line.starts_with('-') {
+            writeln!(out, "\x1b[31m{line}\x1b[0m")?;
+        } else if line.starts_with("@@") {
+            writeln!(out, "\x1b[36m{line}\x1b[0m")?;
+        } else {
+            writeln!(out, "{line}")?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_line_up_on_the_widest_cell() {
+        let mut out = Vec::new();
+        table(
+            &mut out,
+            &["NAME", "STATUS"],
+            &[
+                vec!["a".into(), "Running".into()],
+                vec!["longer-name".into(), "Stopped".into()],
+            ],
+        )
+        .expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert_eq!(
+            text,
+            "NAME          STATUS\na             Running\nlonger-name   Stopped\n"
+        );
+    }
+
+    #[test]
+    fn age_reads_like_kubectl() {
+        let now = DateTime::parse_from_rfc3339("2026-11-22T12:00:00Z")
+            .expect("t")
+            .with_timezone(&Utc);
+        assert_eq!(age(Some("2026-11-22T11:59:18Z"), now), "42s");
+        assert_eq!(age(Some("2026-11-22T11:55:00Z"), now), "5m");
+        assert_eq!(age(Some("2026-11-22T09:00:00Z"), now), "3h");
+        assert_eq!(age(Some("2026-11-10T12:00:00Z"), now), "12d");
+        assert_eq!(age(None, now), "<unknown>");
+    }
+
+    #[test]
+    fn a_list_carries_its_read_position_as_resource_version() {
+        let obj = pb::Object {
+            kind: "VirtualMachine".into(),
+            name: "demo".into(),
+            json: r#"{"kind":"VirtualMachine","metadata":{"name":"demo"}}"#.into(),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        list(&mut out, Some(Output::Json), &[obj], 42).expect("write");
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["kind"], "List");
+        assert_eq!(v["metadata"]["resourceVersion"], "42");
+        assert_eq!(v["items"][0]["metadata"]["name"], "demo");
+    }
+}

@@ -1,0 +1,116 @@
+//! Mapping of domain rejections and store errors to gRPC status codes: the one place where
+//! `core` and `store` errors meet the wire.
+//!
+//! The message names the field path and the reason (`spec.template.spec.domain.memory.guest:
+//! "2Gx" is not a quantity`); the stable machine-readable reason codes travel in the
+//! `vmplane-reasons` metadata entry (comma-separated), the actual generation of a conflict in
+//! `vmplane-actual-generation`.
+
+use tonic::{Code, Status};
+use vmplane_core::{Category, Rejection};
+
+/// Metadata key carrying the rejection's stable reason codes.
+pub const REASONS_KEY: &str = "vmplane-reasons";
+/// Metadata key carrying the actual generation of a conflict.
+pub const ACTUAL_GENERATION_KEY: &str = "vmplane-actual-generation";
+
+/// The gRPC code for a rejection category.
+pub fn code_for(category: Category) -> Code {
+    match category {
+        Category::Invalid => Code::InvalidArgument,
+        Category::NotFound => Code::NotFound,
+        Category::AlreadyExists => Code::AlreadyExists,
+        Category::Conflict => Code::Aborted,
+        Category::FailedPrecondition => Code::FailedPrecondition,
+        Category::ResourceExhausted => Code::ResourceExhausted,
+    }
+}
+
+/// A domain rejection as a gRPC status; `object` (e.g. `VirtualMachine default/demo`) prefixes
+/// the message.
+pub fn from_rejection(object: &str, rejection: &Rejection) -> Status {
+    let message = if object.is_empty() {
+        rejection.to_string()
+    } else {
+        format!("{object}: {rejection}")
+    };
+    let mut status = Status::new(code_for(rejection.category), message);
+    let reasons: Vec<&str> = rejection.causes.iter().map(|c| c.code).collect();
+    if let Ok(v) = reasons.join(",").parse() {
+        status.metadata_mut().insert(REASONS_KEY, v);
+    }
+    if let Some(actual) = rejection.actual_generation
+        && let Ok(v) = actual.to_string().parse()
+    {
+        status.metadata_mut().insert(ACTUAL_GENERATION_KEY, v);
+    }
+    status
+}
+
+/// A store error met outside the command path (reads, watches, admin calls).
+pub fn from_store(context: &str, err: &vmplane_store::Error) -> Status {
+    use vmplane_store::Error as E;
+    let message = format!("{context}: {err}");
+    match err {
+        E::LimitExceeded { .. } => Status::resource_exhausted(message),
+        E::Conflict { .. } => Status::aborted(message),
+        E::ClaimTaken { .. } => Status::already_exists(message),
+        _ => Status::internal(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmplane_core::Cause;
+
+    #[test]
+    fn every_category_maps_to_its_grpc_code() {
+        let cases = [
+            (Category::Invalid, Code::InvalidArgument),
+            (Category::NotFound, Code::NotFound),
+            (Category::AlreadyExists, Code::AlreadyExists),
+            (Category::Conflict, Code::Aborted),
+            (Category::FailedPrecondition, Code::FailedPrecondition),
+            (Category::ResourceExhausted, Code::ResourceExhausted),
+        ];
+        for (category, code) in cases {
+            assert_eq!(code_for(category), code);
+            assert_eq!(format!("{code:?}"), category.grpc_code_name());
+        }
+    }
+
+    #[test]
+    fn a_rejection_status_names_the_object_field_and_reason() {
+        let r = Rejection::many(
+            Category::Invalid,
+            vec![
+                Cause::new("spec.a", "FIELD_REQUIRED", "is required"),
+                Cause::new("spec.b", "QUANTITY_INVALID", "\"2Gx\" is not a quantity"),
+            ],
+        );
+        let s = from_rejection("VirtualMachine default/demo", &r);
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(
+            s.message(),
+            "VirtualMachine default/demo: spec.a: is required; spec.b: \"2Gx\" is not a quantity"
+        );
+        assert_eq!(
+            s.metadata().get(REASONS_KEY).and_then(|v| v.to_str().ok()),
+            Some("FIELD_REQUIRED,QUANTITY_INVALID")
+        );
+    }
+
+    #[test]
+    fn a_conflict_carries_the_actual_generation() {
+        let s = from_rejection("VirtualMachine default/demo", &Rejection::conflict(2, 5));
+        assert_eq!(s.code(), Code::Aborted);
+        assert!(s.message().contains("actual 5"), "{}", s.message());
+        assert_eq!(
+            s.metadata()
+                .get(ACTUAL_GENERATION_KEY)
+                .and_then(|v| v.to_str().ok()),
+            Some("5")
+        );
+    }
+}

@@ -1,0 +1,565 @@
+//! The command path — the only place in vmplane below the gateway that appends (the gateway and
+//! the reconciler both call it): load the aggregate's `(state, revision)`, resolve what the
+//! command references, `decide` with a fresh [`Ctx`], append with the revision the decision
+//! was based on, and on a concurrent write reload and decide again (at most
+//! [`CommandOptions::decide_retries_max`] times).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rand::RngCore;
+use uuid::Uuid;
+use vmplane_core::types::{Kind, Manifest};
+use vmplane_core::{
+    Ctx, Decision, ObjectCommand, Outcome, Rejection, VmCommand, VmiCommand, object, vm, vmi,
+};
+use vmplane_store::{
+    AppendRequest, AppendResult, EventLog, ExpectedRevision, Position, ProposedEvent,
+};
+
+use crate::cache::StateCache;
+use crate::error::Error;
+use crate::model::{AggState, Snapshot, stream_of};
+
+/// Bounds of the command path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandOptions {
+    /// Decisions retried after a concurrent write to the same stream, beyond the first.
+    pub decide_retries_max: u32,
+    /// Request ids remembered (with their results) for idempotent retries.
+    pub recent_requests_max: usize,
+}
+
+impl Default for CommandOptions {
+    fn default() -> CommandOptions {
+        CommandOptions {
+            decide_retries_max: 8,
+            recent_requests_max: 10_000,
+        }
+    }
+}
+
+/// A command for one aggregate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// On `vm/<namespace>/<name>`.
+    Vm {
+        /// The namespace.
+        namespace: String,
+        /// The name.
+        name: String,
+        /// What to do.
+        command: VmCommand,
+    },
+    /// On a standalone VMI `vmi/<namespace>/<name>`.
+    Vmi {
+        /// The namespace.
+        namespace: String,
+        /// The name.
+        name: String,
+        /// What to do.
+        command: VmiCommand,
+    },
+    /// On any other managed kind (instancetypes, preferences, snapshots, …, `cluster/config`).
+    Object {
+        /// The kind.
+        kind: Kind,
+        /// The namespace (ignored for cluster-scoped kinds).
+        namespace: String,
+        /// The name.
+        name: String,
+        /// What to do.
+        command: ObjectCommand,
+    },
+}
+
+impl Command {
+    /// The command for a manifest applied with `kubectl apply`'s meaning (create or update).
+    #[must_use]
+    pub fn apply(manifest: Manifest) -> Command {
+        let kind = manifest.kind();
+        let namespace = manifest
+            .metadata()
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".to_owned());
+        let name = manifest.metadata().name_str().to_owned();
+        match manifest {
+            Manifest::VirtualMachine(vm) => Command::Vm {
+                namespace,
+                name,
+                command: VmCommand::Apply(Box::new(vm::PutVm::new(*vm))),
+            },
+            Manifest::VirtualMachineInstance(v) => Command::Vmi {
+                namespace,
+                name,
+                command: VmiCommand::Apply(v),
+            },
+            other => Command::Object {
+                kind,
+                namespace,
+                name,
+                command: ObjectCommand::Apply(Box::new(other), None),
+            },
+        }
+    }
+
+    /// The stream the command acts on.
+    #[must_use]
+    pub fn stream(&self) -> String {
+        match self {
+            Command::Vm {
+                namespace, name, ..
+            } => stream_of(Kind::VirtualMachine, namespace, name),
+            Command::Vmi {
+                namespace, name, ..
+            } => stream_of(Kind::VirtualMachineInstance, namespace, name),
+            Command::Object {
+                kind,
+                namespace,
+                name,
+                ..
+            } => stream_of(*kind, namespace, name),
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            Command::Vm { .. } => Kind::VirtualMachine,
+            Command::Vmi { .. } => Kind::VirtualMachineInstance,
+            Command::Object { kind, .. } => *kind,
+        }
+    }
+}
+
+/// Who sends a command and how it relates to others.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandMeta {
+    /// The principal (`alice`, `system:reconciler`): every event's actor.
+    pub actor: String,
+    /// Shared by the events of one request (a new one if `None`).
+    pub correlation_id: Option<Uuid>,
+    /// The event or command that caused this one.
+    pub causation_id: Option<Uuid>,
+    /// A client's request id: a retry with the same id does not apply the command twice.
+    pub request_id: Option<Uuid>,
+}
+
+/// What an accepted command did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Executed {
+    /// `created`, `configured`, `unchanged`, …
+    pub outcome: Outcome,
+    /// Where its events went (`None` when it appended nothing).
+    pub append: Option<AppendResult>,
+    /// The stream.
+    pub stream: String,
+    /// The stream's revision after the command.
+    pub revision: u64,
+    /// The object's generation after the command.
+    pub generation: u64,
+    /// The position a read must reach to see the command's effect (read-your-writes).
+    pub position: Position,
+    /// Decisions made (1 + retries after concurrent writes).
+    pub attempts: u32,
+}
+
+/// Why a command was not carried out. Nothing was appended.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The domain refused it (including a taken firmware UUID and a generation conflict).
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// The log failed.
+    #[error(transparent)]
+    Store(#[from] vmplane_store::Error),
+    /// Reading the aggregate failed (a damaged event names its position).
+    #[error(transparent)]
+    Read(#[from] Error),
+    /// Every decision lost a race with another writer of the stream.
+    #[error("stream {stream}: {attempts} decisions all lost to concurrent writes")]
+    RetriesExhausted {
+        /// The stream.
+        stream: String,
+        /// Decisions made.
+        attempts: u32,
+    },
+}
+
+/// Loads, decides and appends.
+pub struct CommandHandler {
+    log: Arc<dyn EventLog>,
+    cache: Arc<StateCache>,
+    options: CommandOptions,
+    recent: Mutex<Recent>,
+}
+
+#[derive(Default)]
+struct Recent {
+    results: HashMap<Uuid, Executed>,
+    order: VecDeque<Uuid>,
+}
+
+impl std::fmt::Debug for CommandHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandHandler")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CommandHandler {
+    /// A handler appending to `log`, sharing `cache` with the read models.
+    #[must_use]
+    pub fn new(
+        log: Arc<dyn EventLog>,
+        cache: Arc<StateCache>,
+        options: CommandOptions,
+    ) -> CommandHandler {
+        CommandHandler {
+            log,
+            cache,
+            options,
+            recent: Mutex::new(Recent::default()),
+        }
+    }
+
+    /// The aggregate of `stream` (of `kind`) as the log has it now, with its revision
+    /// (`None`: the stream has no events).
+    pub fn load(&self, stream: &str, kind: Kind) -> Result<(Arc<Snapshot>, Option<u64>), Error> {
+        match self.log.stream_revision(stream)? {
+            None => Ok((Arc::new(Snapshot::empty(kind)), None)),
+            Some(revision) => Ok((
+                self.cache
+                    .state_at(self.log.as_ref(), stream, kind, revision)?,
+                Some(revision),
+            )),
+        }
+    }
+
+    /// Carries out `command` for `meta.actor`.
+    pub fn execute(&self, meta: &CommandMeta, command: Command) -> Result<Executed, CommandError> {
+        if let Some(id) = meta.request_id
+            && let Some(done) = self
+                .recent
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .results
+                .get(&id)
+        {
+            return Ok(done.clone());
+        }
+        let stream = command.stream();
+        let kind = command.kind();
+        let correlation_id = meta
+            .correlation_id
+            .or(meta.request_id)
+            .unwrap_or_else(Uuid::now_v7);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (snapshot, revision) = self.load(&stream, kind)?;
+            let command = self.resolve(&snapshot.state, &command)?;
+            let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+            if decision.events.is_empty() {
+                return Ok(Executed {
+                    outcome: decision.outcome,
+                    append: None,
+                    stream,
+                    revision: revision.unwrap_or(0),
+                    generation: snapshot.state.generation(),
+                    position: snapshot.position,
+                    attempts,
+                });
+            }
+            let generation_after = {
+                let mut after = snapshot.state.clone();
+                for event in &decision.events {
+                    after.evolve(event);
+                }
+                after.generation()
+            };
+            let request = to_request(&stream, revision, &decision, meta, correlation_id);
+            match self.log.append(request) {
+                Ok(append) => {
+                    let done = Executed {
+                        outcome: decision.outcome,
+                        append: Some(append),
+                        stream,
+                        revision: append.last_revision,
+                        generation: generation_after,
+                        position: append.last_position,
+                        attempts,
+                    };
+                    self.remember(meta.request_id, &done);
+                    return Ok(done);
+                }
+                Err(vmplane_store::Error::Conflict { .. })
+                    if attempts <= self.options.decide_retries_max => {}
+                Err(vmplane_store::Error::Conflict { .. }) => {
+                    return Err(CommandError::RetriesExhausted { stream, attempts });
+                }
+                Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
+                    let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(&key);
+                    return Err(Rejection::firmware_uuid_taken(uuid, &holder).into());
+                }
+                Err(vmplane_store::Error::EventIdReused { position, .. })
+                    if meta.request_id.is_some() =>
+                {
+                    return self.replayed(&stream, position, attempts);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Decides `command` against the current state without appending anything
+    /// (`apply --dry-run`): the outcome it would have, or the rejection it gets.
+    pub fn dry_run(&self, command: Command) -> Result<Outcome, CommandError> {
+        Ok(self.preview(command)?.0)
+    }
+
+    /// The outcome of `command` and the state it would leave: decided on the current state
+    /// and folded, never appended.
+    fn preview(&self, command: Command) -> Result<(Outcome, AggState), CommandError> {
+        let (snapshot, _) = self.load(&command.stream(), command.kind())?;
+        let command = self.resolve(&snapshot.state, &command)?;
+        let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+        let mut state = snapshot.state.clone();
+        for event in &decision.events {
+            state.evolve(event);
+        }
+        Ok((decision.outcome, state))
+    }
+
+    /// The stored VM `namespace/name` fully rendered (instancetype, preference, defaults,
+    /// firmware identity), or `None` if no VM lives under that name.
+    pub fn expand_vm(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<vmplane_core::types::VirtualMachine>, CommandError> {
+        let stream = stream_of(Kind::VirtualMachine, namespace, name);
+        let (snapshot, _) = self.load(&stream, Kind::VirtualMachine)?;
+        match &snapshot.state {
+            AggState::Vm(s) if s.is_live() => Ok(Some(s.expand()?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// A VM manifest fully rendered as applying it would store it (nothing is appended):
+    /// references resolved from the log, defaults, firmware identity.
+    pub fn expand_manifest(
+        &self,
+        manifest: Manifest,
+    ) -> Result<vmplane_core::types::VirtualMachine, CommandError> {
+        match self.preview(Command::apply(manifest))?.1 {
+            AggState::Vm(s) => Ok(s.expand()?),
+            _ => Err(Rejection::invalid(
+                "kind",
+                vmplane_core::codes::UNSUPPORTED_KIND,
+                "only a VirtualMachine expands",
+            )
+            .into()),
+        }
+    }
+
+    /// A retried request whose events are already in the log (found through the store's
+    /// idempotency by event id): report where they are.
+    fn replayed(
+        &self,
+        stream: &str,
+        position: Position,
+        attempts: u32,
+    ) -> Result<Executed, CommandError> {
+        let event = self
+            .log
+            .read_event(position)?
+            .ok_or(vmplane_store::Error::Corrupt {
+                position,
+                reason: "the store named an event it does not have".into(),
+            })?;
+        let outcome = match event.event_type.as_str() {
+            "VmCreated" | "VmiCreated" | "ObjectCreated" => Outcome::Created,
+            "VmSpecEdited" | "ObjectUpdated" => Outcome::Configured,
+            "VmDeleted" | "VmiDeleted" | "ObjectDeleted" => Outcome::Deleted,
+            _ => Outcome::Recorded,
+        };
+        let kind = crate::model::parse_stream(&event.stream)
+            .map(|s| s.kind)
+            .unwrap_or(Kind::VirtualMachine);
+        let snapshot =
+            self.cache
+                .state_at(self.log.as_ref(), &event.stream, kind, event.revision)?;
+        Ok(Executed {
+            outcome,
+            append: Some(AppendResult {
+                first_position: position,
+                last_position: position,
+                first_revision: event.revision,
+                last_revision: event.revision,
+                replayed: true,
+            }),
+            stream: stream.to_owned(),
+            revision: event.revision,
+            generation: snapshot.state.generation(),
+            position,
+            attempts,
+        })
+    }
+
+    fn remember(&self, request_id: Option<Uuid>, done: &Executed) {
+        let Some(id) = request_id else { return };
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        if recent.results.insert(id, done.clone()).is_none() {
+            recent.order.push_back(id);
+        }
+        while recent.order.len() > self.options.recent_requests_max {
+            if let Some(old) = recent.order.pop_front() {
+                recent.results.remove(&old);
+            }
+        }
+    }
+
+    /// Fills in the instancetype and preference a VM command references (core's `vm::needs`),
+    /// from their streams in the log.
+    fn resolve(&self, state: &AggState, command: &Command) -> Result<Command, CommandError> {
+        let (
+            AggState::Vm(vm_state),
+            Command::Vm {
+                namespace,
+                name,
+                command: VmCommand::Create(put) | VmCommand::Update(put) | VmCommand::Apply(put),
+            },
+        ) = (state, command)
+        else {
+            return Ok(command.clone());
+        };
+        let needs = vm::needs(vm_state, &put.vm);
+        let mut put = put.clone();
+        if put.instancetype.is_none()
+            && let Some((kind, ref_name)) = &needs.instancetype
+            && let Some(Manifest::Instancetype(it)) =
+                self.live_object(*kind, namespace, ref_name)?
+        {
+            put.instancetype = Some(*it);
+        }
+        if put.preference.is_none()
+            && let Some((kind, ref_name)) = &needs.preference
+            && let Some(Manifest::Preference(p)) = self.live_object(*kind, namespace, ref_name)?
+        {
+            put.preference = Some(*p);
+        }
+        let vm_command = match command {
+            Command::Vm {
+                command: VmCommand::Create(_),
+                ..
+            } => VmCommand::Create(put),
+            Command::Vm {
+                command: VmCommand::Update(_),
+                ..
+            } => VmCommand::Update(put),
+            _ => VmCommand::Apply(put),
+        };
+        Ok(Command::Vm {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            command: vm_command,
+        })
+    }
+
+    fn live_object(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Manifest>, Error> {
+        let stream = stream_of(kind, namespace, name);
+        let (snapshot, _) = self.load(&stream, kind)?;
+        Ok(match &snapshot.state {
+            // Rendered: uid and generation filled, so the VM captures the right revision.
+            AggState::Object(s) if s.is_live() => s.render(),
+            _ => None,
+        })
+    }
+}
+
+fn decide(state: &AggState, command: &Command, ctx: &mut Ctx) -> Result<Decision, Rejection> {
+    match (state, command) {
+        (AggState::Vm(s), Command::Vm { command, .. }) => vm::decide(s, command, ctx),
+        (AggState::Vmi(s), Command::Vmi { command, .. }) => vmi::decide(s, command, ctx),
+        (AggState::Object(s), Command::Object { command, .. }) => object::decide(s, command, ctx),
+        _ => Err(Rejection::invalid(
+            "kind",
+            vmplane_core::codes::UNSUPPORTED_KIND,
+            "the command does not fit the stream's kind",
+        )),
+    }
+}
+
+/// Now, and 32 random bytes from the operating system: the only place they enter a decision.
+fn fresh_ctx() -> Ctx {
+    let mut seed = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut seed);
+    Ctx::new(chrono::Utc::now(), seed)
+}
+
+/// The event id of the `index`-th event of a request: derived from the client's request id so
+/// a retry proposes the same ids (the store's idempotency), else a fresh UUID v7.
+fn event_id(request_id: Option<Uuid>, index: usize) -> Uuid {
+    match request_id {
+        Some(r) => Uuid::new_v5(&r, &(index as u64).to_be_bytes()),
+        None => Uuid::now_v7(),
+    }
+}
+
+fn to_request(
+    stream: &str,
+    revision: Option<u64>,
+    decision: &Decision,
+    meta: &CommandMeta,
+    correlation_id: Uuid,
+) -> AppendRequest {
+    let events = decision
+        .events
+        .iter()
+        .enumerate()
+        .map(|(i, event)| {
+            let encoded = vmplane_core::encode(event);
+            ProposedEvent {
+                id: event_id(meta.request_id, i),
+                event_type: encoded.type_name.to_owned(),
+                schema_version: encoded.version,
+                payload: encoded.bytes,
+                actor: meta.actor.clone(),
+                correlation_id,
+                causation_id: meta.causation_id,
+            }
+        })
+        .collect();
+    let claims = decision
+        .claims
+        .iter()
+        .map(|c| match c {
+            vmplane_core::Claim::Acquire { key, owner } => vmplane_store::Claim::Acquire {
+                key: key.clone(),
+                owner: owner.clone(),
+            },
+            vmplane_core::Claim::Release { key, owner } => vmplane_store::Claim::Release {
+                key: key.clone(),
+                owner: owner.clone(),
+            },
+        })
+        .collect();
+    AppendRequest {
+        stream: stream.to_owned(),
+        expected: match revision {
+            None => ExpectedRevision::NoStream,
+            Some(r) => ExpectedRevision::Exact(r),
+        },
+        events,
+        claims,
+    }
+}

@@ -1,0 +1,253 @@
+//! History, diff and audit: reads of the log itself, shaped for people and scripts
+//! (INTERFACE.md: `history -o json`, `diff`, `audit -o json`).
+
+use std::ops::ControlFlow;
+
+use serde::Serialize;
+use similar::TextDiff;
+use vmplane_core::types::Kind;
+use vmplane_store::{Direction, Position, Timestamp};
+
+use crate::error::{Error, Result};
+use crate::model::{decode, parse_stream, rfc3339_nanos, stream_of};
+use crate::projections::{At, Projections};
+
+/// One revision of an object: the events one command appended (they share a correlation id
+/// and follow each other), ending at stream revision `revision`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HistoryEntry {
+    /// The stream revision after these events (what `get --revision` and `diff` take).
+    pub revision: u64,
+    /// The position of the last of them.
+    pub position: u64,
+    /// When they were recorded (RFC 3339, UTC).
+    pub time: String,
+    /// Who caused them.
+    pub actor: String,
+    /// Their event types, in order.
+    pub events: Vec<String>,
+    /// One line: the events' summaries joined by `; `.
+    pub summary: String,
+}
+
+/// One audited event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuditRecord {
+    /// Its position.
+    pub position: u64,
+    /// When it was recorded (RFC 3339, UTC).
+    pub time: String,
+    /// Who caused it.
+    pub actor: String,
+    /// The object's namespace (empty for cluster-scoped objects).
+    pub namespace: String,
+    /// The object's kind.
+    pub kind: String,
+    /// The object's name.
+    pub name: String,
+    /// The event type.
+    pub event: String,
+    /// One line.
+    pub summary: String,
+}
+
+/// What `audit` selects; every filter is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    /// Only events caused by this principal.
+    pub actor: Option<String>,
+    /// Only objects of this namespace.
+    pub namespace: Option<String>,
+    /// Only objects of this kind (VMI events recorded in a VM's stream count as both).
+    pub kind: Option<Kind>,
+    /// Only events recorded at or after this instant.
+    pub since: Option<Timestamp>,
+    /// Only events recorded at or before this instant.
+    pub until: Option<Timestamp>,
+    /// At most this many records (the first ones in log order).
+    pub records_max: usize,
+}
+
+/// A unified diff of an object's spec between two revisions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecDiff {
+    /// The older revision.
+    pub from: u64,
+    /// The newer revision.
+    pub to: u64,
+    /// The unified diff (empty when equal).
+    pub diff: String,
+}
+
+impl SpecDiff {
+    /// Whether the two specs are equal (`diff`'s exit status 0).
+    #[must_use]
+    pub fn is_equal(&self) -> bool {
+        self.diff.is_empty()
+    }
+}
+
+impl Projections {
+    /// The revisions of `kind` `namespace/name`, oldest first.
+    pub fn history(&self, kind: Kind, namespace: &str, name: &str) -> Result<Vec<HistoryEntry>> {
+        let stream = stream_of(kind, namespace, name);
+        let log = self.log();
+        let read_max = log.limits().read_events_max.max(1);
+        let mut out: Vec<HistoryEntry> = Vec::new();
+        let mut last_correlation = None;
+        let mut from = 1;
+        loop {
+            let events = log.read_stream(&stream, from, Direction::Forward, read_max)?;
+            let Some(last) = events.last() else { break };
+            from = last.revision + 1;
+            for event in &events {
+                let decoded = decode(&event.as_ref())?;
+                let same = last_correlation == Some(event.correlation_id)
+                    && out.last().is_some_and(|h| h.actor == event.actor);
+                if same && let Some(h) = out.last_mut() {
+                    h.revision = event.revision;
+                    h.position = event.position.0;
+                    h.events.push(event.event_type.clone());
+                    h.summary.push_str("; ");
+                    h.summary.push_str(&decoded.summary());
+                } else {
+                    out.push(HistoryEntry {
+                        revision: event.revision,
+                        position: event.position.0,
+                        time: rfc3339_nanos(event.recorded_at.0),
+                        actor: event.actor.clone(),
+                        events: vec![event.event_type.clone()],
+                        summary: decoded.summary(),
+                    });
+                }
+                last_correlation = Some(event.correlation_id);
+            }
+            if events.len() < read_max {
+                break;
+            }
+        }
+        if out.is_empty() {
+            return Err(Error::NotFound {
+                what: format!("{} {namespace}/{name}", kind.as_str()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// A unified diff of the spec (as YAML) of `kind` `namespace/name` between revisions
+    /// `from` and `to` (`None`: the current revision). An object that did not live at a
+    /// revision has an empty spec there.
+    pub fn diff(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        from: u64,
+        to: Option<u64>,
+    ) -> Result<SpecDiff> {
+        let stream = stream_of(kind, namespace, name);
+        let current = self
+            .log()
+            .stream_revision(&stream)?
+            .ok_or(Error::NotFound {
+                what: format!("{} {namespace}/{name}", kind.as_str()),
+            })?;
+        let to = to.unwrap_or(current);
+        let spec_yaml = |revision: u64| -> Result<String> {
+            let view = self.get_at(kind, namespace, name, At::Revision(revision))?;
+            Ok(match view {
+                Some(v) => serde_yaml::to_string(v.spec()).map_err(|e| Error::Invalid {
+                    reason: format!("rendering the spec as YAML: {e}"),
+                })?,
+                None => String::new(),
+            })
+        };
+        let (a, b) = (spec_yaml(from)?, spec_yaml(to)?);
+        let diff = if a == b {
+            String::new()
+        } else {
+            TextDiff::from_lines(&a, &b)
+                .unified_diff()
+                .context_radius(3)
+                .header(&format!("revision {from}"), &format!("revision {to}"))
+                .to_string()
+        };
+        Ok(SpecDiff { from, to, diff })
+    }
+
+    /// Who did what, when: events matching `query`, in log order.
+    pub fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>> {
+        let log = self.log();
+        let start = match query.since {
+            Some(t) => log.position_at(Timestamp(t.0.saturating_sub(1)))?,
+            None => Position(0),
+        };
+        let records_max = if query.records_max == 0 {
+            usize::MAX
+        } else {
+            query.records_max
+        };
+        let mut out = Vec::new();
+        let mut failure = None;
+        log.scan(start, &mut |event| {
+            if query.until.is_some_and(|u| event.recorded_at > u) {
+                return ControlFlow::Break(());
+            }
+            if query.since.is_some_and(|s| event.recorded_at < s)
+                || query.actor.as_deref().is_some_and(|a| a != event.actor)
+            {
+                return ControlFlow::Continue(());
+            }
+            let Some(parsed) = parse_stream(event.stream) else {
+                return ControlFlow::Continue(());
+            };
+            let namespace = parsed.namespace.unwrap_or("");
+            if query.namespace.as_deref().is_some_and(|n| n != namespace) {
+                return ControlFlow::Continue(());
+            }
+            let kind = event_kind(parsed.kind, event.event_type);
+            if let Some(k) = query.kind
+                && k != kind
+                && !(k == Kind::VirtualMachine && parsed.kind == Kind::VirtualMachine)
+            {
+                return ControlFlow::Continue(());
+            }
+            match decode(event) {
+                Ok(decoded) => {
+                    out.push(AuditRecord {
+                        position: event.position.0,
+                        time: rfc3339_nanos(event.recorded_at.0),
+                        actor: event.actor.to_owned(),
+                        namespace: namespace.to_owned(),
+                        kind: kind.as_str().to_owned(),
+                        name: parsed.name.to_owned(),
+                        event: event.event_type.to_owned(),
+                        summary: decoded.summary(),
+                    });
+                    if out.len() >= records_max {
+                        return ControlFlow::Break(());
+                    }
+                    ControlFlow::Continue(())
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        Ok(out)
+    }
+}
+
+/// The kind an event is about: VMI lifecycle events in a VM's stream are about its VMI.
+#[must_use]
+pub fn event_kind(stream_kind: Kind, event_type: &str) -> Kind {
+    if stream_kind == Kind::VirtualMachine && event_type.starts_with("Vmi") {
+        Kind::VirtualMachineInstance
+    } else {
+        stream_kind
+    }
+}

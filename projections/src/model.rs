@@ -1,0 +1,248 @@
+//! What a stream is and how its state is folded: stream names → kinds, [`AggState`] (one of
+//! core's aggregate states), and [`Snapshot`] (a state plus what rendering needs: the position
+//! and time of its last event and when the current life began).
+
+use vmplane_core::types::Kind;
+use vmplane_core::{Event, ObjectState, VmState, VmiState, object, vm, vmi};
+
+use vmplane_store::{Position, RecordedEventRef};
+
+use crate::error::{Error, Result};
+
+/// What a stream name says: the kind, the namespace (None for cluster-scoped kinds and the
+/// cluster config) and the name (empty for `cluster/config`, whose name is in its payload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamName<'a> {
+    /// The kind of the stream's objects.
+    pub kind: Kind,
+    /// The namespace.
+    pub namespace: Option<&'a str>,
+    /// The name.
+    pub name: &'a str,
+}
+
+/// Parses a stream name as core names them ([`vmplane_core::streams`]). `None` for streams
+/// vmplane does not know (they are skipped by the read models, never an error).
+#[must_use]
+pub fn parse_stream(stream: &str) -> Option<StreamName<'_>> {
+    if stream == vmplane_core::streams::CLUSTER_CONFIG {
+        return Some(StreamName {
+            kind: Kind::KubeVirt,
+            namespace: None,
+            name: "",
+        });
+    }
+    let (prefix, rest) = stream.split_once('/')?;
+    let kind = match prefix {
+        "vm" => Kind::VirtualMachine,
+        "vmi" => Kind::VirtualMachineInstance,
+        "instancetype" => Kind::VirtualMachineInstancetype,
+        "clusterinstancetype" => Kind::VirtualMachineClusterInstancetype,
+        "preference" => Kind::VirtualMachinePreference,
+        "clusterpreference" => Kind::VirtualMachineClusterPreference,
+        "snapshot" => Kind::VirtualMachineSnapshot,
+        "restore" => Kind::VirtualMachineRestore,
+        "clone" => Kind::VirtualMachineClone,
+        "pool" => Kind::VirtualMachinePool,
+        "replicaset" => Kind::VirtualMachineInstanceReplicaSet,
+        "migration" => Kind::VirtualMachineInstanceMigration,
+        _ => return None,
+    };
+    if kind.namespaced() {
+        let (namespace, name) = rest.split_once('/')?;
+        Some(StreamName {
+            kind,
+            namespace: Some(namespace),
+            name,
+        })
+    } else {
+        Some(StreamName {
+            kind,
+            namespace: None,
+            name: rest,
+        })
+    }
+}
+
+/// The stream of an object (`namespace` ignored for cluster-scoped kinds).
+#[must_use]
+pub fn stream_of(kind: Kind, namespace: &str, name: &str) -> String {
+    vmplane_core::streams::for_object(kind, namespace, name)
+}
+
+/// The folded state of one stream: the aggregate core defines for its kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AggState {
+    /// `vm/<ns>/<name>` (boxed: core's `VmState` is ~13 KB inline).
+    Vm(Box<VmState>),
+    /// `vmi/<ns>/<name>` (standalone VMIs).
+    Vmi(Box<VmiState>),
+    /// Every other managed kind.
+    Object(Box<ObjectState>),
+}
+
+impl AggState {
+    /// The state of a stream of `kind` with no events.
+    #[must_use]
+    pub fn empty(kind: Kind) -> AggState {
+        match kind {
+            Kind::VirtualMachine => AggState::Vm(Box::default()),
+            Kind::VirtualMachineInstance => AggState::Vmi(Box::default()),
+            _ => AggState::Object(Box::default()),
+        }
+    }
+
+    /// Folds one event with core's `evolve`, in place.
+    pub fn evolve(&mut self, event: &Event) {
+        match self {
+            AggState::Vm(s) => **s = vm::evolve(std::mem::take(&mut **s), event),
+            AggState::Vmi(s) => **s = vmi::evolve(std::mem::take(&mut **s), event),
+            AggState::Object(s) => **s = object::evolve(std::mem::take(&mut **s), event),
+        }
+    }
+
+    /// Events folded so far (the stream revision).
+    #[must_use]
+    pub fn revision(&self) -> u64 {
+        match self {
+            AggState::Vm(s) => s.revision,
+            AggState::Vmi(s) => s.revision,
+            AggState::Object(s) => s.revision,
+        }
+    }
+
+    /// Whether an object lives under the stream's name.
+    #[must_use]
+    pub fn is_live(&self) -> bool {
+        match self {
+            AggState::Vm(s) => s.is_live(),
+            AggState::Vmi(s) => s.is_live(),
+            AggState::Object(s) => s.is_live(),
+        }
+    }
+
+    /// `metadata.generation`: object changes (VMI lifecycle events do not count). For a
+    /// standalone VMI (immutable) it is 1 while it lives.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        match self {
+            AggState::Vm(s) => s.generation,
+            AggState::Vmi(s) => u64::from(s.uid.is_some()),
+            AggState::Object(s) => s.generation,
+        }
+    }
+}
+
+/// A stream's state at one revision, with what rendering it needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// The folded state (`state.revision()` events).
+    pub state: AggState,
+    /// The position of the last folded event (`Position(0)` for none).
+    pub position: Position,
+    /// When the last folded event was recorded (ns since the epoch).
+    pub recorded_at_ns: i64,
+    /// When the current (or last) life of the name was created (ns since the epoch).
+    pub created_at_ns: Option<i64>,
+}
+
+impl Snapshot {
+    /// A stream of `kind` before its first event.
+    #[must_use]
+    pub fn empty(kind: Kind) -> Snapshot {
+        Snapshot {
+            state: AggState::empty(kind),
+            position: Position(0),
+            recorded_at_ns: 0,
+            created_at_ns: None,
+        }
+    }
+
+    /// Folds one recorded event, checking that its revision is the next one (a pair assertion
+    /// with the store's own check at append).
+    pub fn apply(&mut self, event: &RecordedEventRef<'_>) -> Result<()> {
+        let expected = self.state.revision() + 1;
+        if event.revision != expected {
+            return Err(Error::Corrupt {
+                position: event.position,
+                reason: format!(
+                    "stream {} revision {} where {} was expected",
+                    event.stream, event.revision, expected
+                ),
+            });
+        }
+        let decoded = decode(event)?;
+        if matches!(
+            decoded,
+            Event::VmCreated(_) | Event::VmiCreated(_) | Event::ObjectCreated(_)
+        ) {
+            self.created_at_ns = Some(event.recorded_at.0);
+        }
+        self.state.evolve(&decoded);
+        self.position = event.position;
+        self.recorded_at_ns = event.recorded_at.0;
+        Ok(())
+    }
+}
+
+/// Decodes an event's payload with core's registry; damage names the position.
+pub fn decode(event: &RecordedEventRef<'_>) -> Result<Event> {
+    vmplane_core::decode(event.event_type, event.schema_version, event.payload).map_err(|e| {
+        Error::Corrupt {
+            position: event.position,
+            reason: e.to_string(),
+        }
+    })
+}
+
+/// RFC 3339 (UTC, seconds) of a time in ns since the epoch, as Kubernetes writes times.
+#[must_use]
+pub fn rfc3339(ns: i64) -> String {
+    let dt = chrono::DateTime::<chrono::Utc>::from_timestamp(
+        ns.div_euclid(1_000_000_000),
+        u32::try_from(ns.rem_euclid(1_000_000_000)).unwrap_or(0),
+    )
+    .unwrap_or_default();
+    dt.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// RFC 3339 with nanoseconds (history, audit, watch: events a second apart must stay apart).
+#[must_use]
+pub fn rfc3339_nanos(ns: i64) -> String {
+    let dt = chrono::DateTime::<chrono::Utc>::from_timestamp(
+        ns.div_euclid(1_000_000_000),
+        u32::try_from(ns.rem_euclid(1_000_000_000)).unwrap_or(0),
+    )
+    .unwrap_or_default();
+    dt.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_names_parse() {
+        let s = parse_stream("vm/default/demo").expect("vm");
+        assert_eq!(
+            (s.kind, s.namespace, s.name),
+            (Kind::VirtualMachine, Some("default"), "demo")
+        );
+        let s = parse_stream("clusterinstancetype/u1.medium").expect("cluster");
+        assert_eq!(
+            (s.kind, s.namespace, s.name),
+            (Kind::VirtualMachineClusterInstancetype, None, "u1.medium")
+        );
+        assert_eq!(
+            parse_stream("cluster/config").map(|s| s.kind),
+            Some(Kind::KubeVirt)
+        );
+        assert!(parse_stream("bench/1").is_none());
+        assert!(parse_stream("vm/only-namespace").is_none());
+        for kind in Kind::ALL {
+            let stream = stream_of(kind, "ns", "n");
+            let parsed = parse_stream(&stream).expect("round trip");
+            assert_eq!(parsed.kind, kind, "{stream}");
+        }
+    }
+}

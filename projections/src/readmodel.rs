@@ -1,0 +1,443 @@
+//! The current-state read model: one [`Entry`] per known stream (what the fold learns cheaply
+//! from each event's envelope and, for the few identity events, its payload) and the indexes
+//! over them. Specs are not copied here: they are folded on demand from the log through the
+//! [`StateCache`], so a rebuild touches each event once, cheaply (DESIGN.md "Speed, by design").
+//!
+//! Facts that need a parsed spec (features requested, captured instancetype/preference
+//! revisions) are *settled* lazily: an event that may change them marks the entry dirty, and
+//! the queries over those indexes (and the digest) settle dirty entries first.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+use vmplane_core::types::Kind;
+use vmplane_core::{Event, VmState};
+use vmplane_store::{EventLog, Position, RecordedEventRef};
+
+use crate::cache::StateCache;
+use crate::error::{Error, Result};
+use crate::features::state_features;
+use crate::model::{AggState, decode, parse_stream};
+
+/// A captured instancetype or preference revision: `(kind, name, generation)`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RevisionRef {
+    /// `VirtualMachineInstancetype`, `VirtualMachineClusterPreference`, …
+    pub kind: String,
+    /// The referenced object's name.
+    pub name: String,
+    /// Its generation when the VM captured it.
+    pub revision: u64,
+}
+
+/// Facts derived from a VM's parsed state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Derived {
+    pub features: Vec<String>,
+    pub instancetype: Option<RevisionRef>,
+    pub preference: Option<RevisionRef>,
+}
+
+/// What the read model knows of one stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Entry {
+    pub stream: String,
+    /// Index into `Kind::ALL`.
+    pub kind: u8,
+    pub namespace: Option<String>,
+    pub name: String,
+    /// `positions[r - 1]` is the position of revision `r`.
+    pub positions: Vec<u64>,
+    pub live: bool,
+    pub uid: Option<Uuid>,
+    pub firmware: Option<Uuid>,
+    pub derived: Derived,
+    /// `derived` may be stale: settle before answering from it.
+    pub dirty: bool,
+}
+
+impl Entry {
+    pub fn kind(&self) -> Kind {
+        Kind::ALL
+            .get(usize::from(self.kind))
+            .copied()
+            .unwrap_or(Kind::VirtualMachine)
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.positions.len() as u64
+    }
+
+    /// The last revision at or before `position` (0 if the stream had no event then).
+    pub fn revision_at(&self, position: Position) -> u64 {
+        self.positions.partition_point(|p| *p <= position.0) as u64
+    }
+}
+
+fn kind_index(kind: Kind) -> u8 {
+    Kind::ALL
+        .iter()
+        .position(|k| *k == kind)
+        .and_then(|i| u8::try_from(i).ok())
+        .unwrap_or(0)
+}
+
+/// The persisted part of the read model (its checkpoint body).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ModelData {
+    pub applied: u64,
+    /// Hex of the hash of the event at `applied` (zeros for 0): a checkpoint matches a log only
+    /// if the log has that very event there.
+    pub applied_hash: String,
+    pub entries: Vec<Entry>,
+}
+
+/// Entries plus indexes.
+#[derive(Debug, Default)]
+pub(crate) struct ReadModel {
+    pub data: ModelData,
+    by_stream: HashMap<Box<str>, u32>,
+    /// `(kind index, namespace, name)` → entry.
+    pub by_name: BTreeMap<(u8, String, String), u32>,
+    /// Live firmware UUID → entry.
+    pub firmware: HashMap<Uuid, u32>,
+    features: BTreeMap<String, BTreeSet<u32>>,
+    revisions: BTreeMap<RevisionRef, BTreeSet<u32>>,
+    dirty: BTreeSet<u32>,
+    /// The hash of the last applied event (kept raw; hexed only when checkpointing).
+    applied_hash: [u8; 32],
+}
+
+impl ReadModel {
+    /// Rebuilds every index from persisted entries.
+    pub fn from_data(data: ModelData) -> Result<ReadModel> {
+        let mut applied_hash = [0u8; 32];
+        if !data.applied_hash.is_empty() {
+            hex::decode_to_slice(&data.applied_hash, &mut applied_hash).map_err(|e| {
+                Error::Invalid {
+                    reason: format!("checkpoint hash: {e}"),
+                }
+            })?;
+        }
+        let mut model = ReadModel {
+            applied_hash,
+            ..ReadModel::default()
+        };
+        for (i, entry) in data.entries.iter().enumerate() {
+            let idx = u32::try_from(i).map_err(|_| Error::Invalid {
+                reason: "too many entries".into(),
+            })?;
+            model.by_stream.insert(entry.stream.clone().into(), idx);
+            model.by_name.insert(
+                (
+                    entry.kind,
+                    entry.namespace.clone().unwrap_or_default(),
+                    entry.name.clone(),
+                ),
+                idx,
+            );
+            if entry.live
+                && let Some(fw) = entry.firmware
+            {
+                model.firmware.insert(fw, idx);
+            }
+            if entry.dirty {
+                model.dirty.insert(idx);
+            }
+        }
+        model.data = data;
+        for idx in 0..model.data.entries.len() {
+            let idx = idx as u32;
+            let derived = model.data.entries[idx as usize].derived.clone();
+            model.index_derived(idx, &derived, true);
+        }
+        Ok(model)
+    }
+
+    pub fn applied(&self) -> Position {
+        Position(self.data.applied)
+    }
+
+    pub fn entry(&self, stream: &str) -> Option<&Entry> {
+        let idx = *self.by_stream.get(stream)?;
+        self.data.entries.get(idx as usize)
+    }
+
+    pub fn entry_at(&self, idx: u32) -> Option<&Entry> {
+        self.data.entries.get(idx as usize)
+    }
+
+    /// Folds one event of the log: the next position, always (streams vmplane does not know
+    /// are counted and otherwise skipped).
+    pub fn apply(&mut self, event: &RecordedEventRef<'_>) -> Result<()> {
+        if event.position.0 != self.data.applied + 1 {
+            return Err(Error::Corrupt {
+                position: event.position,
+                reason: format!(
+                    "the projection is at position {}, the log gave {}",
+                    self.data.applied, event.position
+                ),
+            });
+        }
+        self.data.applied = event.position.0;
+        self.applied_hash = *event.hash;
+        let idx = match self.by_stream.get(event.stream) {
+            Some(idx) => *idx,
+            None => {
+                let Some(parsed) = parse_stream(event.stream) else {
+                    return Ok(());
+                };
+                let idx = u32::try_from(self.data.entries.len()).map_err(|_| Error::Invalid {
+                    reason: "too many streams".into(),
+                })?;
+                let entry = Entry {
+                    stream: event.stream.to_owned(),
+                    kind: kind_index(parsed.kind),
+                    namespace: parsed.namespace.map(str::to_owned),
+                    name: parsed.name.to_owned(),
+                    positions: Vec::new(),
+                    live: false,
+                    uid: None,
+                    firmware: None,
+                    derived: Derived::default(),
+                    dirty: false,
+                };
+                self.by_name.insert(
+                    (
+                        entry.kind,
+                        entry.namespace.clone().unwrap_or_default(),
+                        entry.name.clone(),
+                    ),
+                    idx,
+                );
+                self.by_stream.insert(event.stream.into(), idx);
+                self.data.entries.push(entry);
+                idx
+            }
+        };
+        let entry = &mut self.data.entries[idx as usize];
+        if event.revision != entry.revision() + 1 {
+            return Err(Error::Corrupt {
+                position: event.position,
+                reason: format!(
+                    "stream {} revision {} where {} was expected",
+                    event.stream,
+                    event.revision,
+                    entry.revision() + 1
+                ),
+            });
+        }
+        entry.positions.push(event.position.0);
+        match event.event_type {
+            "VmCreated" | "VmiCreated" | "ObjectCreated" => {
+                let (uid, firmware, name) = match decode(event)? {
+                    Event::VmCreated(e) => (e.uid, Some(e.firmware_uuid), None),
+                    Event::VmiCreated(e) => (e.uid, Some(e.firmware_uuid), None),
+                    Event::ObjectCreated(e) => (e.uid, None, Some(e.name)),
+                    _ => return Ok(()),
+                };
+                entry.live = true;
+                entry.uid = Some(uid);
+                let old_firmware = std::mem::replace(&mut entry.firmware, firmware);
+                let kind = entry.kind;
+                if kind_index(Kind::KubeVirt) == kind
+                    && let Some(name) = name
+                    && name != entry.name
+                {
+                    let old = std::mem::replace(&mut entry.name, name.clone());
+                    self.by_name.remove(&(kind, String::new(), old));
+                    self.by_name.insert((kind, String::new(), name), idx);
+                }
+                self.replace_firmware(idx, old_firmware, firmware);
+                self.mark_dirty(idx);
+            }
+            "VmDeleted" | "VmiDeleted" | "ObjectDeleted" => {
+                entry.live = false;
+                let old_firmware = entry.firmware;
+                self.replace_firmware(idx, old_firmware, old_firmware);
+                let derived = std::mem::take(&mut self.data.entries[idx as usize].derived);
+                self.index_derived(idx, &derived, false);
+                self.data.entries[idx as usize].dirty = false;
+                self.dirty.remove(&idx);
+            }
+            "FirmwareUuidAssigned" => {
+                if let Event::FirmwareUuidAssigned(e) = decode(event)? {
+                    let old = entry.firmware.replace(e.uuid);
+                    self.replace_firmware(idx, old, Some(e.uuid));
+                }
+            }
+            "VmSpecEdited" | "InstancetypeRevisionCaptured" | "PreferenceRevisionCaptured" => {
+                self.mark_dirty(idx);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn mark_dirty(&mut self, idx: u32) {
+        let entry = &mut self.data.entries[idx as usize];
+        if entry.kind == kind_index(Kind::VirtualMachine) && entry.live {
+            entry.dirty = true;
+            self.dirty.insert(idx);
+        }
+    }
+
+    /// Moves the firmware index of entry `idx` from `old` to `new` (only while it is live).
+    fn replace_firmware(&mut self, idx: u32, old: Option<Uuid>, new: Option<Uuid>) {
+        if let Some(old) = old
+            && self.firmware.get(&old) == Some(&idx)
+        {
+            self.firmware.remove(&old);
+        }
+        if self.data.entries[idx as usize].live
+            && let Some(new) = new
+        {
+            self.firmware.insert(new, idx);
+        }
+    }
+
+    fn index_derived(&mut self, idx: u32, derived: &Derived, add: bool) {
+        let features = derived.features.iter().cloned();
+        for feature in features {
+            let set = self.features.entry(feature.clone()).or_default();
+            if add {
+                set.insert(idx);
+            } else {
+                set.remove(&idx);
+                if set.is_empty() {
+                    self.features.remove(&feature);
+                }
+            }
+        }
+        for r in [&derived.instancetype, &derived.preference]
+            .into_iter()
+            .flatten()
+        {
+            let set = self.revisions.entry(r.clone()).or_default();
+            if add {
+                set.insert(idx);
+            } else {
+                set.remove(&idx);
+                if set.is_empty() {
+                    self.revisions.remove(r);
+                }
+            }
+        }
+    }
+
+    /// Whether derived facts must be settled before they are read.
+    pub fn needs_settle(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Settles every dirty entry: folds its state at its current revision and recomputes the
+    /// derived facts.
+    pub fn settle(&mut self, log: &dyn EventLog, cache: &StateCache) -> Result<()> {
+        let dirty = std::mem::take(&mut self.dirty);
+        for idx in dirty {
+            let entry = &self.data.entries[idx as usize];
+            let snapshot = cache.state_at(log, &entry.stream, entry.kind(), entry.revision())?;
+            let derived = match &snapshot.state {
+                AggState::Vm(state) if state.is_live() => derived_of(state),
+                _ => Derived::default(),
+            };
+            let old = std::mem::replace(&mut self.data.entries[idx as usize].derived, derived);
+            self.index_derived(idx, &old, false);
+            let new = self.data.entries[idx as usize].derived.clone();
+            self.index_derived(idx, &new, true);
+            self.data.entries[idx as usize].dirty = false;
+        }
+        Ok(())
+    }
+
+    /// Live VMs requesting `feature` (settled entries only: call [`ReadModel::settle`] first).
+    pub fn feature_users(&self, feature: &str) -> Vec<u32> {
+        self.features
+            .get(feature)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every feature requested by some live VM, with how many.
+    pub fn feature_counts(&self) -> Vec<(String, usize)> {
+        self.features
+            .iter()
+            .map(|(k, v)| (k.clone(), v.len()))
+            .collect()
+    }
+
+    /// Live VMs that captured `revision` (all revisions of the name if `revision.revision` is 0).
+    pub fn revision_users(&self, kind: &str, name: &str, revision: Option<u64>) -> Vec<u32> {
+        let lo = RevisionRef {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            revision: revision.unwrap_or(0),
+        };
+        let hi = RevisionRef {
+            revision: revision.unwrap_or(u64::MAX),
+            ..lo.clone()
+        };
+        let mut out: BTreeSet<u32> = BTreeSet::new();
+        for (_, set) in self.revisions.range(lo..=hi) {
+            out.extend(set.iter().copied());
+        }
+        out.into_iter().collect()
+    }
+
+    /// The persisted form, ready for a checkpoint.
+    pub fn to_data(&self) -> ModelData {
+        let mut data = self.data.clone();
+        data.applied_hash = hex::encode(self.applied_hash);
+        data
+    }
+
+    pub fn applied_hash(&self) -> [u8; 32] {
+        self.applied_hash
+    }
+
+    /// The canonical content: the position, then each entry as JSON, by stream name.
+    pub fn canonical_lines(&self) -> Vec<String> {
+        let mut order: Vec<&Entry> = self.data.entries.iter().collect();
+        order.sort_by(|a, b| a.stream.cmp(&b.stream));
+        let mut out = vec![format!("position {}", self.data.applied)];
+        out.extend(
+            order
+                .into_iter()
+                .filter_map(|e| serde_json::to_string(e).ok()),
+        );
+        out
+    }
+
+    /// SHA-256 over the canonical content (entries by stream name, then the position). Call
+    /// [`ReadModel::settle`] first so derived facts are current.
+    pub fn digest(&self) -> String {
+        let mut order: Vec<&Entry> = self.data.entries.iter().collect();
+        order.sort_by(|a, b| a.stream.cmp(&b.stream));
+        let mut hasher = Sha256::new();
+        hasher.update(b"vmplane-projections/readmodel\n");
+        hasher.update(self.data.applied.to_be_bytes());
+        for entry in order {
+            // Entries serialize deterministically (plain structs, sorted lists).
+            if let Ok(bytes) = serde_json::to_vec(entry) {
+                hasher.update((bytes.len() as u64).to_be_bytes());
+                hasher.update(&bytes);
+            }
+        }
+        hex::encode(hasher.finalize())
+    }
+}
+
+fn derived_of(state: &VmState) -> Derived {
+    let rev = |c: (Kind, String, u64)| RevisionRef {
+        kind: c.0.as_str().to_owned(),
+        name: c.1,
+        revision: c.2,
+    };
+    Derived {
+        features: state_features(state),
+        instancetype: state.instancetype.as_ref().map(|c| rev(c.revision())),
+        preference: state.preference.as_ref().map(|c| rev(c.revision())),
+    }
+}

@@ -1,0 +1,820 @@
+//! The projections against a real SledLog in a temp dir.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{env, meta, put, testdata, vm, vm_with};
+use proptest::prelude::*;
+use vmplane_core::types::Kind;
+use vmplane_core::{Category, Outcome, VmCommand, codes};
+use vmplane_projections::{
+    At, AuditQuery, Command, CommandError, CommandHandler, CommandOptions, Error, Projections,
+    WatchFilter,
+};
+use vmplane_store::{EventLog, Position, Timestamp};
+
+// ---------------------------------------------------------------------------------------------
+// Read models, checkpoints, rebuild, digest
+
+#[test]
+fn vm_read_model_has_kubevirt_shape() {
+    let env = env();
+    let created = env.run("alice", Command::apply(testdata("examples/vm-cirros.yaml")));
+    assert_eq!(created.outcome, Outcome::Created);
+    let view = env
+        .projections
+        .get(
+            Kind::VirtualMachine,
+            "default",
+            "vm-cirros",
+            Some(created.position),
+        )
+        .expect("get")
+        .expect("exists");
+    let o = &view.object;
+    assert_eq!(o["apiVersion"], "kubevirt.io/v1");
+    assert_eq!(o["kind"], "VirtualMachine");
+    assert_eq!(o["metadata"]["name"], "vm-cirros");
+    assert_eq!(o["metadata"]["namespace"], "default");
+    assert_eq!(o["metadata"]["generation"], 1);
+    assert_eq!(
+        o["metadata"]["resourceVersion"],
+        created.position.0.to_string()
+    );
+    assert!(o["metadata"]["creationTimestamp"].is_string());
+    assert!(o["metadata"]["uid"].is_string());
+    assert_eq!(o["metadata"]["labels"]["kubevirt.io/vm"], "vm-cirros");
+    let uuid = o["spec"]["template"]["spec"]["domain"]["firmware"]["uuid"]
+        .as_str()
+        .expect("effective firmware uuid in the spec");
+    assert_eq!(o["status"]["printableStatus"], "Stopped");
+    assert_eq!(o["status"]["firmwareUUIDOrigin"], "Generated");
+    assert_eq!(o["status"]["runStrategy"], "Halted");
+    let holder = env
+        .projections
+        .firmware_holder(uuid.parse().expect("uuid"))
+        .expect("index")
+        .expect("held");
+    assert_eq!(holder.stream, "vm/default/vm-cirros");
+
+    // Start: a lifecycle event, not an object change... but Halted → Always is one.
+    let started = env.vm_command(
+        "alice",
+        "default",
+        "vm-cirros",
+        VmCommand::Start { paused: false },
+    );
+    let view = env
+        .projections
+        .get(
+            Kind::VirtualMachine,
+            "default",
+            "vm-cirros",
+            Some(started.position),
+        )
+        .expect("get")
+        .expect("exists");
+    assert_eq!(view.object["status"]["printableStatus"], "Starting");
+    assert_eq!(view.generation, started.generation);
+    let list = env
+        .projections
+        .list(Kind::VirtualMachine, Some("default"), None)
+        .expect("list");
+    assert_eq!(list.items.len(), 1);
+    let json = list.to_json();
+    assert_eq!(json["kind"], "List");
+    assert_eq!(
+        json["metadata"]["resourceVersion"],
+        list.position.0.to_string()
+    );
+}
+
+fn populate(env: &common::Env, prefix: &str, vms: usize) {
+    for i in 0..vms {
+        let name = format!("{prefix}{i}");
+        env.apply_vm("alice", vm("team-a", &name, "128Mi"));
+        env.apply_vm("bob", vm("team-a", &name, "256Mi"));
+        if i % 2 == 0 {
+            env.vm_command("bob", "team-a", &name, VmCommand::Start { paused: false });
+        }
+        if i % 3 == 0 {
+            env.vm_command(
+                "carol",
+                "team-a",
+                &name,
+                VmCommand::Delete {
+                    expected_generation: None,
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn restart_with_checkpoint_and_tail_equals_rebuild() {
+    let env = env();
+    populate(&env, "a", 6);
+    env.projections.checkpoint().expect("checkpoint");
+    let at_checkpoint = env.projections.position();
+    populate(&env, "b", 4); // the tail
+    let before = env.projections.digest().expect("digest");
+    let before_lines = env.projections.canonical_content().expect("content");
+    let env = env.restart();
+    assert_eq!(
+        before_lines,
+        env.projections.canonical_content().expect("content")
+    );
+    assert!(env.projections.position() > at_checkpoint);
+    let after_restart = env.projections.digest().expect("digest");
+    assert_eq!(before, after_restart);
+    env.projections.rebuild().expect("rebuild");
+    assert_eq!(after_restart, env.projections.digest().expect("digest"));
+    // The same objects as well as the same digest.
+    let list = env
+        .projections
+        .list(Kind::VirtualMachine, Some("team-a"), None)
+        .expect("list");
+    let names: Vec<_> = list.items.iter().map(|v| v.name.clone()).collect();
+    assert_eq!(names, ["a1", "a2", "a4", "a5", "b1", "b2"]);
+}
+
+#[test]
+fn a_damaged_or_foreign_checkpoint_is_discarded_and_rebuilt() {
+    let env = env();
+    populate(&env, "v", 3);
+    env.projections.checkpoint().expect("checkpoint");
+    let digest = env.projections.digest().expect("digest");
+    let path = vmplane_projections::checkpoint::path(env.data_dir(), "readmodel");
+    let mut bytes = std::fs::read(&path).expect("checkpoint exists");
+    let last = bytes.len() - 2;
+    bytes[last] ^= 0x55;
+    std::fs::write(&path, &bytes).expect("damage it");
+    let env = env.restart();
+    assert_eq!(env.projections.digest().expect("digest"), digest);
+    // A checkpoint from another log (same length, other hashes) does not apply either.
+    std::fs::write(
+        &path,
+        b"{\"format\":\"vmplane-projections/readmodel\",\"version\":999}\n{}",
+    )
+    .expect("write");
+    let env = env.restart();
+    assert_eq!(env.projections.digest().expect("digest"), digest);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read-your-writes, list and watch
+
+#[test]
+fn read_your_writes_waits_and_times_out() {
+    let env = env();
+    let done = env.apply_vm("alice", vm("default", "demo", "128Mi"));
+    let later = Position(done.position.0 + 2);
+    match env.projections.wait_for(later, Duration::from_millis(50)) {
+        Err(Error::Timeout { wanted, reached }) => {
+            assert_eq!((wanted, reached), (later, done.position));
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let log = Arc::clone(&env.log);
+    let cache = Arc::clone(env.projections.cache());
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        let commands = CommandHandler::new(log, cache, CommandOptions::default());
+        for memory in ["256Mi", "512Mi"] {
+            commands
+                .execute(
+                    &meta("bob"),
+                    Command::apply(vmplane_core::types::Manifest::VirtualMachine(Box::new(vm(
+                        "default", "demo", memory,
+                    )))),
+                )
+                .expect("edit");
+        }
+    });
+    let reached = env
+        .projections
+        .wait_for(later, Duration::from_secs(10))
+        .expect("reached");
+    assert!(reached >= later);
+    writer.join().expect("writer");
+    let view = env
+        .projections
+        .get(Kind::VirtualMachine, "default", "demo", Some(later))
+        .expect("get")
+        .expect("exists");
+    assert_eq!(view.generation, 3);
+}
+
+#[test]
+fn list_then_watch_misses_nothing_and_repeats_nothing_under_concurrent_writers() {
+    let env = env();
+    let env = Arc::new(env);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..3 {
+        let env = Arc::clone(&env);
+        writers.push(std::thread::spawn(move || {
+            for i in 0..12 {
+                let ns = if w % 2 == 0 { "even" } else { "odd" };
+                let name = format!("w{w}-{}", i % 4);
+                env.apply_vm(
+                    &format!("writer{w}"),
+                    vm(ns, &name, &format!("{}Mi", 128 + i)),
+                );
+            }
+        }));
+    }
+    let follower = {
+        let projections = Arc::new(
+            Projections::in_memory(Arc::clone(&env.log), common::options()).expect("in memory"),
+        );
+        projections.follow(Arc::clone(&stop))
+    };
+    std::thread::sleep(Duration::from_millis(30));
+    let list = env
+        .projections
+        .list(Kind::VirtualMachine, Some("even"), None)
+        .expect("list");
+    let mut watch = env.projections.watch(
+        list.position,
+        WatchFilter {
+            kind: Some(Kind::VirtualMachine),
+            namespace: Some("even".into()),
+        },
+    );
+    for w in writers {
+        w.join().expect("writer");
+    }
+    let head = env.log.head();
+    let mut seen = Vec::new();
+    while watch.position() < head {
+        seen.extend(
+            watch
+                .next_batch(7, Duration::from_millis(200))
+                .expect("watch"),
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    follower.join().expect("follower");
+    // Exactly the log's events of namespace `even` after the list's position.
+    let expected: Vec<u64> = env
+        .log
+        .read_all(list.position, 10_000)
+        .expect("read")
+        .iter()
+        .filter(|e| e.stream.starts_with("vm/even/"))
+        .map(|e| e.position.0)
+        .collect();
+    let got: Vec<u64> = seen.iter().map(|e| e.position).collect();
+    assert_eq!(got, expected);
+    assert!(
+        seen.iter()
+            .all(|e| e.namespace == "even" && e.kind == "VirtualMachine")
+    );
+    // Folding the watch onto the list gives the current list.
+    let mut names: BTreeSet<String> = list.items.iter().map(|v| v.name.clone()).collect();
+    names.extend(seen.iter().map(|e| e.name.clone()));
+    let now = env
+        .projections
+        .list(Kind::VirtualMachine, Some("even"), None)
+        .expect("list");
+    let now_names: BTreeSet<String> = now.items.iter().map(|v| v.name.clone()).collect();
+    assert_eq!(names, now_names);
+}
+
+// ---------------------------------------------------------------------------------------------
+// History, diff, audit
+
+#[test]
+fn history_diff_and_audit() {
+    let env = env();
+    let t0 = Timestamp::now();
+    env.apply_vm("alice", vm("team-a", "demo", "128Mi"));
+    env.apply_vm("bob", vm("team-a", "demo", "256Mi"));
+    env.vm_command("bob", "team-a", "demo", VmCommand::Start { paused: false });
+    env.apply_vm("carol", vm("team-b", "other", "64Mi"));
+    let history = env
+        .projections
+        .history(Kind::VirtualMachine, "team-a", "demo")
+        .expect("history");
+    assert_eq!(history.len(), 3, "{history:#?}");
+    assert_eq!(history[0].actor, "alice");
+    assert_eq!(history[0].events[0], "VmCreated");
+    assert!(history[0].summary.starts_with("created team-a/demo"));
+    assert_eq!(history[1].events, ["VmSpecEdited"]);
+    assert_eq!(history[1].summary, "spec edited");
+    assert_eq!(history[2].actor, "bob");
+    assert!(history.windows(2).all(|w| w[0].revision < w[1].revision));
+    let json = serde_json::to_value(&history[1]).expect("json");
+    for key in ["revision", "position", "time", "actor", "events", "summary"] {
+        assert!(json.get(key).is_some(), "{key}");
+    }
+
+    let diff = env
+        .projections
+        .diff(
+            Kind::VirtualMachine,
+            "team-a",
+            "demo",
+            history[0].revision,
+            Some(history[1].revision),
+        )
+        .expect("diff");
+    assert!(!diff.is_equal());
+    let changed: Vec<&str> = diff
+        .diff
+        .lines()
+        .filter(|l| {
+            (l.starts_with('-') || l.starts_with('+'))
+                && !l.starts_with("---")
+                && !l.starts_with("+++")
+        })
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        changed,
+        ["-        guest: 128Mi", "+        guest: 256Mi"],
+        "{}",
+        diff.diff
+    );
+    assert!(diff.diff.starts_with("--- revision"));
+    let same = env
+        .projections
+        .diff(
+            Kind::VirtualMachine,
+            "team-a",
+            "demo",
+            history[1].revision,
+            Some(history[1].revision),
+        )
+        .expect("diff");
+    assert!(same.is_equal());
+
+    let by_bob = env
+        .projections
+        .audit(&AuditQuery {
+            actor: Some("bob".into()),
+            ..AuditQuery::default()
+        })
+        .expect("audit");
+    assert!(!by_bob.is_empty());
+    assert!(
+        by_bob
+            .iter()
+            .all(|r| r.actor == "bob" && r.namespace == "team-a" && r.name == "demo")
+    );
+    let team_b = env
+        .projections
+        .audit(&AuditQuery {
+            namespace: Some("team-b".into()),
+            kind: Some(Kind::VirtualMachine),
+            since: Some(t0),
+            until: Some(Timestamp::now()),
+            ..AuditQuery::default()
+        })
+        .expect("audit");
+    assert_eq!(team_b.len(), 1);
+    assert_eq!(team_b[0].event, "VmCreated");
+    assert_eq!(team_b[0].kind, "VirtualMachine");
+    let none = env
+        .projections
+        .audit(&AuditQuery {
+            until: Some(Timestamp(t0.0 - 1)),
+            ..AuditQuery::default()
+        })
+        .expect("audit");
+    assert!(none.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command path
+
+/// A log whose first append is preceded by another writer's append to the same stream.
+struct RacingLog {
+    inner: Arc<dyn EventLog>,
+    race: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl EventLog for RacingLog {
+    fn append(
+        &self,
+        request: vmplane_store::AppendRequest,
+    ) -> vmplane_store::Result<vmplane_store::AppendResult> {
+        let race = self.race.lock().expect("lock").take();
+        if let Some(race) = race {
+            race();
+        }
+        self.inner.append(request)
+    }
+    fn read_stream(
+        &self,
+        s: &str,
+        f: u64,
+        d: vmplane_store::Direction,
+        m: usize,
+    ) -> vmplane_store::Result<Vec<vmplane_store::RecordedEvent>> {
+        self.inner.read_stream(s, f, d, m)
+    }
+    fn read_all(
+        &self,
+        a: Position,
+        m: usize,
+    ) -> vmplane_store::Result<Vec<vmplane_store::RecordedEvent>> {
+        self.inner.read_all(a, m)
+    }
+    fn scan(&self, a: Position, v: vmplane_store::Visitor<'_>) -> vmplane_store::Result<Position> {
+        self.inner.scan(a, v)
+    }
+    fn read_event(
+        &self,
+        p: Position,
+    ) -> vmplane_store::Result<Option<vmplane_store::RecordedEvent>> {
+        self.inner.read_event(p)
+    }
+    fn position_at(&self, t: Timestamp) -> vmplane_store::Result<Position> {
+        self.inner.position_at(t)
+    }
+    fn head(&self) -> Position {
+        self.inner.head()
+    }
+    fn wait_for(&self, p: Position, t: Duration) -> vmplane_store::Result<Position> {
+        self.inner.wait_for(p, t)
+    }
+    fn stream_revision(&self, s: &str) -> vmplane_store::Result<Option<u64>> {
+        self.inner.stream_revision(s)
+    }
+    fn claim_holder(&self, k: &str) -> vmplane_store::Result<Option<String>> {
+        self.inner.claim_holder(k)
+    }
+    fn verify(
+        &self,
+        v: vmplane_store::PayloadValidator<'_>,
+    ) -> vmplane_store::Result<vmplane_store::VerifyReport> {
+        self.inner.verify(v)
+    }
+    fn limits(&self) -> &vmplane_store::Limits {
+        self.inner.limits()
+    }
+}
+
+fn racing(env: &common::Env, memory: &'static str) -> CommandHandler {
+    let other_log = Arc::clone(&env.log);
+    let race: Box<dyn FnOnce() + Send> = Box::new(move || {
+        let other = CommandHandler::new(
+            other_log,
+            Arc::new(vmplane_projections::StateCache::new(Default::default())),
+            CommandOptions::default(),
+        );
+        other
+            .execute(
+                &meta("bob"),
+                Command::apply(vmplane_core::types::Manifest::VirtualMachine(Box::new(vm(
+                    "default", "demo", memory,
+                )))),
+            )
+            .expect("the racing write");
+    });
+    let log: Arc<dyn EventLog> = Arc::new(RacingLog {
+        inner: Arc::clone(&env.log),
+        race: std::sync::Mutex::new(Some(race)),
+    });
+    CommandHandler::new(
+        log,
+        Arc::clone(env.projections.cache()),
+        CommandOptions::default(),
+    )
+}
+
+#[test]
+fn command_path_retries_after_a_concurrent_write() {
+    let env = env();
+    env.apply_vm("alice", vm("default", "demo", "128Mi"));
+    let handler = racing(&env, "256Mi");
+    let done = handler
+        .execute(
+            &meta("alice"),
+            Command::Vm {
+                namespace: "default".into(),
+                name: "demo".into(),
+                command: VmCommand::Start { paused: false },
+            },
+        )
+        .expect("start after a retry");
+    assert_eq!(done.attempts, 2);
+    assert_eq!(
+        done.generation, 2,
+        "the racing edit counts, the start request does not"
+    );
+    let history = env
+        .projections
+        .history(Kind::VirtualMachine, "default", "demo")
+        .expect("history");
+    let actors: Vec<_> = history.iter().map(|h| h.actor.as_str()).collect();
+    assert_eq!(actors, ["alice", "bob", "alice"]);
+}
+
+#[test]
+fn an_expected_generation_conflict_reports_the_actual_generation() {
+    let env = env();
+    env.apply_vm("alice", vm("default", "demo", "128Mi"));
+    // Decided at generation 1, but bob edits first: the retry sees generation 2.
+    let handler = racing(&env, "256Mi");
+    let mut update = vmplane_core::PutVm::new(vm("default", "demo", "512Mi"));
+    update.expected_generation = Some(1);
+    let result = handler.execute(
+        &meta("alice"),
+        Command::Vm {
+            namespace: "default".into(),
+            name: "demo".into(),
+            command: VmCommand::Update(Box::new(update.clone())),
+        },
+    );
+    match result {
+        Err(CommandError::Rejected(r)) => {
+            assert_eq!(r.category, Category::Conflict);
+            assert_eq!(r.actual_generation, Some(2));
+            assert!(r.has_code(codes::GENERATION_CONFLICT));
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    // Without a race too: no retry, the actual generation.
+    match env.commands.execute(
+        &meta("alice"),
+        Command::Vm {
+            namespace: "default".into(),
+            name: "demo".into(),
+            command: VmCommand::Update(Box::new(update)),
+        },
+    ) {
+        Err(CommandError::Rejected(r)) => assert_eq!(r.actual_generation, Some(2)),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}
+
+#[test]
+fn retries_stop_at_decide_retries_max() {
+    let env = env();
+    env.apply_vm("alice", vm("default", "demo", "128Mi"));
+    let handler = {
+        let log = Arc::clone(&env.log);
+        CommandHandler::new(
+            Arc::new(RacingLog {
+                inner: Arc::clone(&log),
+                race: std::sync::Mutex::new(Some(Box::new(move || {
+                    let other = CommandHandler::new(
+                        Arc::clone(&log),
+                        Arc::new(vmplane_projections::StateCache::new(Default::default())),
+                        CommandOptions::default(),
+                    );
+                    other
+                        .execute(
+                            &meta("bob"),
+                            Command::apply(vmplane_core::types::Manifest::VirtualMachine(
+                                Box::new(vm("default", "demo", "300Mi")),
+                            )),
+                        )
+                        .expect("race");
+                }))),
+            }),
+            Arc::clone(env.projections.cache()),
+            CommandOptions {
+                decide_retries_max: 0,
+                ..CommandOptions::default()
+            },
+        )
+    };
+    match handler.execute(
+        &meta("alice"),
+        Command::Vm {
+            namespace: "default".into(),
+            name: "demo".into(),
+            command: VmCommand::Start { paused: false },
+        },
+    ) {
+        Err(CommandError::RetriesExhausted { attempts, .. }) => assert_eq!(attempts, 1),
+        other => panic!("expected exhausted retries, got {other:?}"),
+    }
+}
+
+#[test]
+fn two_concurrent_creates_with_one_firmware_uuid_one_wins() {
+    let env = Arc::new(env());
+    let uuid = "6a1f0000-1111-4222-8333-444455556666";
+    let handles: Vec<_> = ["left", "right"]
+        .into_iter()
+        .map(|name| {
+            let env = Arc::clone(&env);
+            std::thread::spawn(move || {
+                env.commands.execute(
+                    &meta("alice"),
+                    Command::Vm {
+                        namespace: "default".into(),
+                        name: name.into(),
+                        command: VmCommand::Create(put(vm_with(
+                            "default",
+                            name,
+                            "128Mi",
+                            Some(uuid),
+                        ))),
+                    },
+                )
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(ok, 1, "{results:?}");
+    let rejection = results
+        .iter()
+        .find_map(|r| match r {
+            Err(CommandError::Rejected(r)) => Some(r),
+            _ => None,
+        })
+        .expect("one rejection");
+    assert_eq!(rejection.category, Category::AlreadyExists);
+    assert!(rejection.has_code(codes::FIRMWARE_UUID_TAKEN));
+    assert!(rejection.to_string().contains("vm/default/"), "{rejection}");
+    let holder = env
+        .projections
+        .firmware_holder(uuid.parse().expect("uuid"))
+        .expect("index")
+        .expect("held");
+    assert!(holder.stream == "vm/default/left" || holder.stream == "vm/default/right");
+}
+
+#[test]
+fn a_request_id_makes_a_retry_idempotent() {
+    let env = env();
+    let mut m = meta("alice");
+    m.request_id = Some(uuid::Uuid::now_v7());
+    let create = || Command::Vm {
+        namespace: "default".into(),
+        name: "demo".into(),
+        command: VmCommand::Create(put(vm("default", "demo", "128Mi"))),
+    };
+    let first = env.commands.execute(&m, create()).expect("create");
+    let again = env.commands.execute(&m, create()).expect("retry");
+    assert_eq!(first.position, again.position);
+    assert_eq!(env.log.head(), first.position);
+}
+
+#[test]
+fn instancetype_references_are_resolved_from_the_log() {
+    let env = env();
+    let it = vmplane_core::types::parse_manifest(
+        b"apiVersion: instancetype.kubevirt.io/v1beta1\nkind: VirtualMachineClusterInstancetype\nmetadata: {name: small}\nspec: {cpu: {guest: 1}, memory: {guest: 1Gi}}\n",
+    )
+    .expect("instancetype");
+    env.run("admin", Command::apply(it));
+    let vm_yaml = b"apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: sized, namespace: default}\nspec:\n  runStrategy: Halted\n  instancetype: {name: small, kind: VirtualMachineClusterInstancetype}\n  template: {spec: {domain: {devices: {}}}}\n";
+    let done = env.run(
+        "alice",
+        Command::apply(vmplane_core::types::parse_manifest(vm_yaml).expect("vm")),
+    );
+    let view = env
+        .projections
+        .get(
+            Kind::VirtualMachine,
+            "default",
+            "sized",
+            Some(done.position),
+        )
+        .expect("get")
+        .expect("exists");
+    assert_eq!(
+        view.object["status"]["instancetypeRef"]["name"], "small",
+        "{:#}",
+        view.object["status"]
+    );
+    assert_eq!(
+        view.object["status"]["instancetypeRef"]["revision"], 1,
+        "{:#}",
+        view.object["status"]
+    );
+    let users = env
+        .projections
+        .vms_using_revision(Kind::VirtualMachineClusterInstancetype, "small", Some(1))
+        .expect("index");
+    assert_eq!(users.len(), 1);
+    assert_eq!(users[0].name, "sized");
+    let it_view = env
+        .projections
+        .get(Kind::VirtualMachineClusterInstancetype, "", "small", None)
+        .expect("get")
+        .expect("exists");
+    assert_eq!(it_view.object["metadata"]["name"], "small");
+}
+
+#[test]
+fn feature_index_answers_which_vms_request_a_feature() {
+    let env = env();
+    let yaml = b"apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: metrics, namespace: default}\nspec:\n  runStrategy: Halted\n  template: {spec: {domain: {memory: {guest: 128Mi}, devices: {downwardMetrics: {}}}}}\n";
+    env.run(
+        "alice",
+        Command::apply(vmplane_core::types::parse_manifest(yaml).expect("vm")),
+    );
+    env.apply_vm("alice", vm("default", "plain", "128Mi"));
+    let users = env
+        .projections
+        .vms_using_feature("DownwardMetrics")
+        .expect("index");
+    let names: Vec<_> = users.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(names, ["metrics"]);
+    env.vm_command(
+        "alice",
+        "default",
+        "metrics",
+        VmCommand::Delete {
+            expected_generation: None,
+        },
+    );
+    assert!(
+        env.projections
+            .vms_using_feature("DownwardMetrics")
+            .expect("index")
+            .is_empty()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time travel, against a model that records every version
+
+#[derive(Debug, Clone)]
+enum Op {
+    Edit(u16),
+    Start,
+    Stop,
+    Delete,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (64u16..512).prop_map(Op::Edit),
+        1 => Just(Op::Start),
+        1 => Just(Op::Stop),
+        1 => Just(Op::Delete),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #[test]
+    fn time_travel_returns_each_version_exactly(ops in prop::collection::vec((0usize..2, op()), 1..14)) {
+        let env = env();
+        // Every version: (stream revision, position, recorded_at, spec or None if not live).
+        let mut versions: Vec<(usize, u64, Position, Timestamp, Option<serde_json::Value>)> = Vec::new();
+        for (which, op) in ops {
+            let name = ["one", "two"][which];
+            let current = env.projections.get(Kind::VirtualMachine, "default", name, None).expect("get");
+            let command = match (op, current.is_some()) {
+                (Op::Edit(m), _) => VmCommand::Apply(put(vm("default", name, &format!("{m}Mi")))),
+                (Op::Start, true) => VmCommand::Start { paused: false },
+                (Op::Stop, true) => VmCommand::Stop,
+                (Op::Delete, true) => VmCommand::Delete { expected_generation: None },
+                (_, false) => VmCommand::Apply(put(vm("default", name, "100Mi"))),
+            };
+            let Ok(done) = env.commands.execute(&meta("prop"), Command::Vm { namespace: "default".into(), name: name.into(), command }) else {
+                continue; // a refused start/stop: nothing appended
+            };
+            let Some(append) = done.append else { continue };
+            let event = env.log.read_event(append.last_position).expect("read").expect("event");
+            let spec = env
+                .projections
+                .get(Kind::VirtualMachine, "default", name, Some(done.position))
+                .expect("get")
+                .map(|v| v.spec().clone());
+            versions.push((which, append.last_revision, append.last_position, event.recorded_at, spec));
+        }
+        // Reopen, so nothing comes from the command path's cache.
+        let env = env.restart();
+        for (which, revision, position, recorded_at, spec) in &versions {
+            let name = ["one", "two"][*which];
+            let at_rev = env.projections.get_at(Kind::VirtualMachine, "default", name, At::Revision(*revision)).expect("rev").map(|v| v.spec().clone());
+            prop_assert_eq!(&at_rev, spec);
+            let at_pos = env.projections.get_at(Kind::VirtualMachine, "default", name, At::Position(*position)).expect("pos").map(|v| v.spec().clone());
+            prop_assert_eq!(&at_pos, spec);
+            // A position in between (another VM's event) still shows this VM's last version.
+            let next_other = versions.iter().find(|v| v.0 != *which && v.2 > *position);
+            let next_own = versions.iter().find(|v| v.0 == *which && v.2 > *position);
+            if let Some(other) = next_other && next_own.is_none_or(|own| own.2 > other.2) {
+                let between = env.projections.get_at(Kind::VirtualMachine, "default", name, At::Position(other.2)).expect("pos").map(|v| v.spec().clone());
+                prop_assert_eq!(&between, spec);
+            }
+            // As of the instant of the version's last event, unless a later event shares it.
+            let same_instant = versions.iter().any(|v| v.2 > *position && v.3 == *recorded_at);
+            if !same_instant {
+                let at_time = env.projections.get_at(Kind::VirtualMachine, "default", name, At::Time(*recorded_at)).expect("time").map(|v| v.spec().clone());
+                prop_assert_eq!(&at_time, spec);
+            }
+        }
+        // Before anything: nothing.
+        prop_assert!(env.projections.get_at(Kind::VirtualMachine, "default", "one", At::Time(Timestamp(1))).expect("t").is_none());
+    }
+}
