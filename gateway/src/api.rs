@@ -62,6 +62,7 @@ impl Api {
     /// The caller, from its bearer token.
     fn principal(&self, metadata: &MetadataMap) -> Result<Principal, Status> {
         let Some(auth) = &self.auth else {
+            tracing::Span::current().record("principal", "local");
             return Ok(Principal::local());
         };
         let token = metadata
@@ -71,14 +72,21 @@ impl Api {
             .ok_or_else(|| {
                 Status::unauthenticated("no bearer token: pass --token or VMPLANE_TOKEN")
             })?;
-        auth.authenticate(token.trim())
-            .ok_or_else(|| Status::unauthenticated("the bearer token is not valid"))
+        let principal = auth
+            .authenticate(token.trim())
+            .ok_or_else(|| Status::unauthenticated("the bearer token is not valid"))?;
+        tracing::Span::current().record("principal", principal.name.as_str());
+        Ok(principal)
     }
 }
 
 /// Checks `access` to `kind` objects of `namespace` (cluster-scoped kinds ignore it).
 fn authorize(p: &Principal, access: Access, kind: Kind, namespace: &str) -> Result<(), Status> {
     let ns = kind.namespaced().then_some(namespace);
+    tracing::Span::current().record(
+        "object",
+        tracing::field::display(format_args!("{} {}", kind.as_str(), ns.unwrap_or("-"))),
+    );
     if p.may(access, ns) {
         return Ok(());
     }
@@ -664,9 +672,7 @@ impl pb::history_server::History for Api {
                 .into_iter()
                 .filter(|a| match &readable {
                     // Cluster-scoped objects (namespace "") are readable by every principal.
-                    Some(allowed) => {
-                        a.namespace.is_empty() || allowed.contains(&a.namespace)
-                    }
+                    Some(allowed) => a.namespace.is_empty() || allowed.contains(&a.namespace),
                     None => true,
                 })
                 .take(limit)

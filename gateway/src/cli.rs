@@ -191,6 +191,10 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value_t = Backend::Sled)]
     pub backend: Backend,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Tokens (as SHA-256 digests), principals and roles, in YAML. Without it every request
     /// acts as principal `local` (admin) and only loopback listening is allowed.
     #[arg(long, value_name = "FILE")]

@@ -11,6 +11,7 @@ use tonic::transport::Server;
 use crate::api::{Api, REQUEST_BYTES_MAX, RESPONSE_BYTES_MAX};
 use crate::auth::Authenticator;
 use crate::cli::{Backend, ServeArgs};
+use crate::metrics::{Metrics, MetricsLayer};
 use crate::pb;
 use crate::services::AdminService;
 
@@ -69,6 +70,36 @@ pub async fn serve(
             .await
             .context("open the projections")??
     };
+    // One shutdown signal for every listener.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let metrics = Arc::new(Metrics::new());
+    let metrics_task = match args.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}: cannot bind"))?;
+            let bound = listener.local_addr().context("read the metrics address")?;
+            if !bound.ip().is_loopback() {
+                tracing::warn!(%bound, "metrics are served without authentication on a non-loopback address");
+            }
+            eprintln!("vmplane: metrics on http://{bound}/metrics");
+            Some(tokio::spawn(crate::metrics::serve_metrics(
+                listener,
+                metrics.clone(),
+                log.clone(),
+                projections.clone(),
+                stopped(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
     let stop_follow = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let follower = projections.follow(stop_follow.clone());
     let api = Arc::new(Api::new(log.clone(), projections.clone(), commands, auth));
@@ -103,6 +134,7 @@ pub async fn serve(
     );
 
     Server::builder()
+        .layer(MetricsLayer::new(metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -128,9 +160,12 @@ pub async fn serve(
             pb::watch_server::WatchServer::from_arc(api.clone())
                 .max_decoding_message_size(REQUEST_BYTES_MAX),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop_rx))
         .await
         .context("serve gRPC")?;
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
     stop_follow.store(true, std::sync::atomic::Ordering::Release);
     let _ = tokio::task::spawn_blocking(move || {
         let _ = follower.join();

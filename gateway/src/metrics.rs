@@ -1,0 +1,307 @@
+//! Prometheus metrics at `--metrics-listen` (`GET /metrics`), named in Prometheus' conventions,
+//! and the tower layer that gives every gRPC request a tracing span and records its count and
+//! latency by method and status code.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `vmplane_grpc_server_handled_total` | counter | `method`, `code` |
+//! | `vmplane_grpc_server_handling_seconds` | histogram | `method` |
+//! | `vmplane_log_head_position` | gauge | |
+//! | `vmplane_projection_applied_position` | gauge | |
+//! | `vmplane_projection_lag_events` | gauge | |
+//! | `vmplane_vms` | gauge | `status` (printableStatus) |
+//! | `vmplane_vmi_feature_mismatch` | gauge | |
+//!
+//! Gauges are computed when scraped, from the log and the projections: nothing here is a
+//! second truth.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tracing::Instrument;
+use vmplane_core::types::Kind;
+use vmplane_projections::Projections;
+use vmplane_store::EventLog;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandledLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: String,
+}
+
+type LatencyFamily = Family<MethodLabels, Histogram, fn() -> Histogram>;
+
+/// Every metric vmplane exports.
+pub struct Metrics {
+    registry: Registry,
+    handled: Family<HandledLabels, Counter>,
+    latency: LatencyFamily,
+    log_head: Gauge,
+    projection_applied: Gauge,
+    projection_lag: Gauge,
+    vms: Family<StatusLabels, Gauge>,
+    feature_mismatch: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~1.6 s.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let handled = Family::<HandledLabels, Counter>::default();
+        registry.register(
+            "vmplane_grpc_server_handled",
+            "gRPC requests completed, by method and status code",
+            handled.clone(),
+        );
+        let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "vmplane_grpc_server_handling_seconds",
+            "Time from receiving a gRPC request to its response headers, by method",
+            latency.clone(),
+        );
+        let log_head = Gauge::default();
+        registry.register(
+            "vmplane_log_head_position",
+            "Global position of the last committed event",
+            log_head.clone(),
+        );
+        let projection_applied = Gauge::default();
+        registry.register(
+            "vmplane_projection_applied_position",
+            "Last log position the read models have applied",
+            projection_applied.clone(),
+        );
+        let projection_lag = Gauge::default();
+        registry.register(
+            "vmplane_projection_lag_events",
+            "Events committed to the log but not yet applied by the read models",
+            projection_lag.clone(),
+        );
+        let vms = Family::<StatusLabels, Gauge>::default();
+        registry.register(
+            "vmplane_vms",
+            "VirtualMachines by printableStatus",
+            vms.clone(),
+        );
+        let feature_mismatch = Gauge::default();
+        registry.register(
+            "vmplane_vmi_feature_mismatch",
+            "Running VMIs whose spec requests a feature the cluster config has disabled",
+            feature_mismatch.clone(),
+        );
+        Metrics {
+            registry,
+            handled,
+            latency,
+            log_head,
+            projection_applied,
+            projection_lag,
+            vms,
+            feature_mismatch,
+        }
+    }
+
+    /// Records one finished request.
+    pub fn observe_request(&self, method: &str, code: &str, seconds: f64) {
+        self.handled
+            .get_or_create(&HandledLabels {
+                method: method.to_string(),
+                code: code.to_string(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&MethodLabels {
+                method: method.to_string(),
+            })
+            .observe(seconds);
+    }
+
+    /// Refreshes the gauges from the log and the projections, then encodes everything in the
+    /// Prometheus text format.
+    pub fn scrape(&self, log: &dyn EventLog, projections: &Projections) -> Result<String, String> {
+        let head = log.head().0;
+        let applied = projections.position().0;
+        self.log_head.set(head as i64);
+        self.projection_applied.set(applied as i64);
+        self.projection_lag.set(head.saturating_sub(applied) as i64);
+        let list = projections
+            .list(Kind::VirtualMachine, None, None)
+            .map_err(|e| format!("listing VMs: {e}"))?;
+        self.vms.clear();
+        let mut mismatched = 0i64;
+        for vm in &list.items {
+            let status = &vm.object["status"];
+            let printable = status["printableStatus"]
+                .as_str()
+                .unwrap_or("Unknown")
+                .to_string();
+            self.vms
+                .get_or_create(&StatusLabels { status: printable })
+                .inc();
+            let conditions = status["conditions"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            if conditions.iter().any(|c| {
+                c["type"] == "FeatureMismatch" && c["reason"] == "FeatureDisabledWhileRunning"
+            }) {
+                mismatched += 1;
+            }
+        }
+        self.feature_mismatch.set(mismatched);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .map_err(|e| format!("encoding metrics: {e}"))?;
+        Ok(out)
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` completes.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    log: Arc<dyn EventLog>,
+    projections: Arc<Projections>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let (metrics, log, projections) = (metrics.clone(), log.clone(), projections.clone());
+            async move {
+                let scraped =
+                    tokio::task::spawn_blocking(move || metrics.scrape(log.as_ref(), &projections))
+                        .await;
+                match scraped {
+                    Ok(Ok(text)) => (
+                        StatusCode::OK,
+                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                        text,
+                    )
+                        .into_response(),
+                    Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                }
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Tower layer: a tracing span per gRPC request (method; handlers record the principal and the
+/// object), and its count and latency by method and status code.
+#[derive(Clone)]
+pub struct MetricsLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl MetricsLayer {
+    /// Records into `metrics`.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        MetricsLayer { metrics }
+    }
+}
+
+impl<S> tower::Layer<S> for MetricsLayer {
+    type Service = MetricsService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        MetricsService {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// The service [`MetricsLayer`] wraps around the gRPC routes.
+#[derive(Clone)]
+pub struct MetricsService<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B, R> tower::Service<http::Request<B>> for MetricsService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    R: 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<S::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let method = request.uri().path().to_string();
+        let metrics = self.metrics.clone();
+        let span = tracing::info_span!(
+            "grpc",
+            method = %method,
+            principal = tracing::field::Empty,
+            object = tracing::field::Empty,
+        );
+        let future = self.inner.call(request);
+        Box::pin(
+            async move {
+                let started = Instant::now();
+                let result = future.await;
+                let code = match &result {
+                    // A unary success carries its status in the trailers: OK.
+                    Ok(response) => response
+                        .headers()
+                        .get("grpc-status")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<i32>().ok())
+                        .map(|c| format!("{:?}", tonic::Code::from_i32(c)))
+                        .unwrap_or_else(|| "Ok".to_string()),
+                    Err(_) => "Internal".to_string(),
+                };
+                let seconds = started.elapsed().as_secs_f64();
+                metrics.observe_request(&method, &code, seconds);
+                tracing::debug!(code = %code, seconds, "request done");
+                result
+            }
+            .instrument(span),
+        )
+    }
+}
