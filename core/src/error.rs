@@ -268,4 +268,13 @@ pub mod codes {
     pub const FEATURE_GATE_REDUNDANT: &str = "FEATURE_GATE_REDUNDANT";
     /// A command or a VM needs a feature the cluster configuration has off.
     pub const FEATURE_NOT_ENABLED: &str = "FEATURE_NOT_ENABLED";
+    /// The spec of a snapshot, restore or clone changed after creation (KubeVirt: "spec in
+    /// immutable after creation").
+    pub const SPEC_IMMUTABLE: &str = "SPEC_IMMUTABLE";
+    /// A JSON patch of a restore or clone is malformed, unsupported or outside the paths it may
+    /// touch.
+    pub const PATCH_INVALID: &str = "PATCH_INVALID";
+    /// The state the gateway passed does not belong to the object the spec names (e.g. a
+    /// restore given the wrong snapshot stream): a caller bug.
+    pub const INPUT_MISMATCH: &str = "INPUT_MISMATCH";
 }

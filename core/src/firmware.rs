@@ -1,7 +1,8 @@
 //! Firmware identity rules (semantics.md §1): the UUID and serial a guest sees.
 //!
 //! Rows 1–7 and 12–14 are decided by the VM and VMI aggregates; rows 8–11 (snapshot, restore,
-//! clone) are the pure helpers here, for the snapshot/restore/clone aggregates to call.
+//! clone) are the pure helpers here, called by [`crate::aggregate::snapshot`],
+//! [`crate::aggregate::restore`] and [`crate::aggregate::clone`].
 
 use std::collections::BTreeMap;
 
@@ -118,6 +119,13 @@ pub fn identity_for_restore(
             regenerated: false,
         };
     }
+    regenerated_identity(interface_names, ctx)
+}
+
+/// Row 10's fallback: a new random UUID, serial and MAC for every interface, origin
+/// `Generated`, marked `regenerated` (reported in the restore's status). Also used when a
+/// restore under the snapshot's own name finds its UUID held by another live VM.
+pub fn regenerated_identity(interface_names: &[String], ctx: &mut Ctx) -> AssignedIdentity {
     let uuid = ctx.new_uuid_v4();
     let serial = Some(ctx.new_uuid_v4().to_string());
     let macs = interface_names

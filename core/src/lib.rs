@@ -23,6 +23,15 @@
 //!   ([`instancetype`]), and **lifecycle/status** as pure functions of state ([`lifecycle`]:
 //!   `desired_action`, `printable_status`, `conditions`, `render`, all taking the cluster's
 //!   effective [`Features`]).
+//! * **Snapshots, restores and clones** (semantics.md §1 rows 8–11 and §5):
+//!   [`snapshot`] captures a VM at one log position (spec at its revision, firmware UUID and
+//!   serial, instancetype/preference revisions); [`restore`] puts a snapshot back onto the same
+//!   VM or into a new one with KubeVirt's target readiness policies; [`clone`] copies a VM or a
+//!   snapshot into a new VM with a new identity and KubeVirt's label/annotation filters and
+//!   patches ([`jsonpatch`]). Restore and clone are small sagas across two streams: their
+//!   `decide` returns a [`SagaDecision`] whose [`Next`] tells the gateway which [`VmCommand`]
+//!   to decide on the target VM stream before it calls `Progress` again. All three require the
+//!   `Snapshot` feature gate; disk contents are out of scope.
 //! * **Cluster feature configuration** ([`features`], semantics.md §6): KubeVirt's feature
 //!   gates with their stages and `IsEnabled` rules, feature configurables, validation of the
 //!   `KubeVirt` object, the effective state of every feature, the features a VM requests (with
@@ -32,14 +41,21 @@
 //!
 //! [`Ctx`] → [`types::Manifest`] / [`types::VirtualMachine`] → [`VmCommand`] →
 //! [`vm::decide`] → [`Decision`] (with [`Event`]s and [`Claim`]s) or [`Rejection`] →
-//! [`vm::evolve`] → [`VmState`] → [`lifecycle::render`] / [`lifecycle::desired_action`].
+//! [`vm::evolve`] → [`VmState`] → [`lifecycle::render`] / [`lifecycle::desired_action`];
+//! then [`SnapshotCommand`] → [`snapshot::decide`] → [`SnapshotState`] →
+//! [`snapshot::render_snapshot`], and [`RestoreCommand`] / [`CloneCommand`] →
+//! [`restore::decide`] / [`clone::decide`] → [`SagaDecision`] ([`Next`]).
 //!
 //! ## Streams and claims
 //!
 //! `vm/<ns>/<name>` (a VM and its VMI runs), `vmi/<ns>/<name>` (standalone VMIs),
 //! `instancetype/<ns>/<name>`, `clusterinstancetype/<name>`, `preference/<ns>/<name>`,
-//! `clusterpreference/<name>`, `snapshot|restore|clone/<ns>/<name>`, `cluster/config`
-//! ([`decision::streams`]). Claim keys: `firmware-uuid/<uuid>`, owned by the stream name.
+//! `clusterpreference/<name>`, `cluster/config` (the [`object`] aggregate), and
+//! `snapshot/<ns>/<name>`, `restore/<ns>/<name>`, `clone/<ns>/<name>` (the [`snapshot`],
+//! [`restore`] and [`clone`] aggregates: the object aggregate's `ObjectCreated`/`ObjectDeleted`
+//! followed by their own events, so [`object::evolve`] still folds them) ([`decision::streams`]).
+//! Claim keys: `firmware-uuid/<uuid>`, owned by the stream name; a restore or clone claims its
+//! target's UUID through the target VM's own `VmCreated`/`FirmwareUuidAssigned` append.
 //!
 //! ## What core must never do
 //!
@@ -85,13 +101,18 @@ pub mod event;
 pub mod features;
 pub mod firmware;
 pub mod instancetype;
+pub mod jsonpatch;
 pub mod lifecycle;
 pub mod limits;
 pub mod quantity;
 pub mod types;
 pub mod validate;
 
+pub use aggregate::clone::{self, CloneCommand, CloneInput, CloneSource, CloneState};
+pub use aggregate::dataprotection::{Next, SagaDecision};
 pub use aggregate::object::{self, ObjectCommand, ObjectState};
+pub use aggregate::restore::{self, RestoreCommand, RestoreInput, RestoreState};
+pub use aggregate::snapshot::{self, ImportSnapshot, SnapshotCommand, SnapshotState, TakeSnapshot};
 pub use aggregate::vm::{self, PutVm, VmCommand, VmState, VmiObservation};
 pub use aggregate::vmi::{self, VmiCommand, VmiState};
 pub use ctx::Ctx;

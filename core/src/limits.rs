@@ -49,3 +49,12 @@ pub const QUANTITY_BYTES_MAX: usize = 64;
 pub const CRASH_LOOP_BACKOFF_SECONDS_MAX: i64 = 300;
 /// Crash-loop backoff: the shortest wait after the first failure, in seconds.
 pub const CRASH_LOOP_BACKOFF_SECONDS_MIN: i64 = 10;
+/// How long a `WaitGracePeriod` restore waits for its running target to stop before it fails,
+/// in seconds (KubeVirt's `DefaultGracePeriod`, 5 minutes).
+pub const RESTORE_TARGET_GRACE_PERIOD_SECONDS: i64 = 300;
+/// Most JSON patches in one restore's or clone's `spec.patches`.
+pub const PATCHES_MAX: usize = 256;
+/// Most entries in one label or annotation filter list of a clone.
+pub const CLONE_FILTERS_MAX: usize = 256;
+/// Length of the random suffix of a clone's generated target name (`<source>-clone-xxxxx`).
+pub const CLONE_TARGET_SUFFIX_CHARS: usize = 5;

@@ -155,6 +155,12 @@ pub enum HypervisorError {
         /// The connection's URI.
         uri: String,
     },
+    /// A thread (the reconciler's, or an event forwarder) could not be started.
+    #[error("cannot start a thread: {reason}")]
+    Thread {
+        /// The operating system's error.
+        reason: String,
+    },
     /// libvirt failed a call about the node (listing, node info).
     #[error("libvirt {operation} on {uri} failed: {source}")]
     Node {

@@ -2,25 +2,35 @@
 //!
 //! **Owns** vmplane's side of the hypervisor: the [`Hypervisor`] trait, its libvirt
 //! implementation ([`LibvirtHypervisor`]: lifecycle calls and libvirt's event-loop thread),
-//! domain XML rendering and parsing, and the nodes a VMI can be placed on. The level-triggered
-//! reconciler that drives actual state toward desired state comes in a later step, as does the
-//! mapping from `core`'s expanded VMI to a [`DomainSpec`]: this crate does not depend on
-//! `core` yet.
+//! domain XML rendering and parsing, the nodes a VMI can be placed on, the mapping from
+//! `core`'s expanded VMI to a domain, and the level-triggered **reconciler** that drives
+//! libvirt toward what the log wants and records what it did and saw.
 //!
 //! Main types, in reading order:
 //!
 //! 1. [`DomainSpec`] (module [`spec`]): the hypervisor-level description of one domain —
 //!    [`DomainName`], firmware UUID, [`CpuTopology`], memory, [`Firmware`], [`Disk`]s,
 //!    [`Interface`]s and vmplane's [`InstanceMetadata`] (VM name, namespace, VMI uid, labels).
-//! 2. [`render_domain`] and [`parse_metadata`] (module [`xml`]): the spec as libvirt domain XML,
+//! 2. [`domain_spec`] (module [`mapping`]): a VMI run, as `core` renders it, to a
+//!    [`DomainSpec`], every problem with its KubeVirt field path; [`DomainDefaults`] carry what
+//!    the node decides (domain type, emulator).
+//! 3. [`render_domain`] and [`parse_metadata`] (module [`xml`]): the spec as libvirt domain XML,
 //!    written with an escaping XML writer, and the metadata read back for adoption.
-//! 3. [`Hypervisor`] (module [`hypervisor`]): what the reconciler may ask of one node, with
+//! 4. [`Hypervisor`] (module [`hypervisor`]): what the reconciler may ask of one node, with
 //!    [`DomainStatus`], [`LifecycleEvent`], [`OwnedDomain`] and [`Resources`].
-//! 4. [`LibvirtHypervisor`] (module [`libvirt`]): the trait on one libvirt connection, with
+//! 5. [`LibvirtHypervisor`] (module [`libvirt`]): the trait on one libvirt connection, with
 //!    [`LibvirtOptions`]; [`libvirt::init`] starts libvirt's event-loop thread once per process.
-//! 5. [`Nodes`] and [`place`] (module [`nodes`]): named connections and the placement of a VMI
+//! 6. [`Nodes`] and [`place`] (module [`nodes`]): named connections and the placement of a VMI
 //!    on a node with room, or [`Unschedulable`].
-//! 6. [`HypervisorError`] and [`SpecError`] (module [`error`]).
+//! 7. [`ControlPlane`] (module [`control_plane`]): what the reconciler needs from the rest of
+//!    vmplane — VM and standalone VMI states, the cluster's features, and commands executed
+//!    through `core` with actor [`RECONCILER_ACTOR`]. The gateway implements it; this crate
+//!    does not depend on `projections` or `store`.
+//! 8. [`Reconciler`] (module [`reconciler`]): one pass of small named steps, each reporting
+//!    why it acted ([`PassReport`], [`Action`]); [`Reconciler::spawn`] runs passes on a thread
+//!    of its own, woken by libvirt events, by [`WakeHandle::wake`] and by a resync tick
+//!    ([`ReconcilerHandle`]); [`CallCounts`] counts its libvirt calls.
+//! 9. [`HypervisorError`] and [`SpecError`] (module [`error`]).
 //!
 //! ```no_run
 //! use vmplane_hypervisor::{Hypervisor, Nodes, Resources};
@@ -37,28 +47,39 @@
 //! **Must never**:
 //!
 //! - block a tokio worker with a libvirt call: every [`Hypervisor`] method blocks, and callers
-//!   run them on threads of their own or in `spawn_blocking`;
+//!   run them on threads of their own or in `spawn_blocking`; the reconciler runs on std
+//!   threads of its own;
 //! - touch a libvirt domain that does not carry vmplane's metadata (an `instance` element in
 //!   the [`METADATA_NAMESPACE_URI`] namespace): a host runs other guests, and libvirt's test
 //!   driver starts with a domain `test` of its own;
-//! - build XML by string formatting, or let a value XML cannot carry reach libvirt.
+//! - build XML by string formatting, or let a value XML cannot carry reach libvirt;
+//! - decide a domain rule itself: what should run is `core`'s `desired_action`, and every
+//!   observation goes through `core`'s `decide` (via [`ControlPlane`]), which may refuse it.
 
 #![deny(missing_docs)]
 
+pub mod control_plane;
 pub mod error;
 pub mod hypervisor;
 pub mod libvirt;
+pub mod mapping;
 pub mod nodes;
+pub mod reconciler;
 pub mod spec;
 pub mod xml;
 
+pub use control_plane::{ControlPlane, ControlPlaneError, Executed, RECONCILER_ACTOR};
 pub use error::{DomainRef, HypervisorError, MetadataError, SpecError, SpecProblem};
 pub use hypervisor::{
     DomainState, DomainStatus, Hypervisor, LifecycleEvent, LifecycleEventKind, OwnedDomain,
     Resources,
 };
 pub use libvirt::{LibvirtHypervisor, LibvirtOptions};
+pub use mapping::{DomainDefaults, domain_spec};
 pub use nodes::{Node, Nodes, NodesError, Unschedulable, place};
+pub use reconciler::{
+    Action, CallCounts, PassReport, Reconciler, ReconcilerHandle, ReconcilerOptions, WakeHandle,
+};
 pub use spec::{
     CpuTopology, Disk, DiskBus, DiskDevice, DiskFormat, DomainName, DomainSpec, Firmware,
     InstanceMetadata, Interface, InterfaceSource, METADATA_NAMESPACE_URI, MacAddress, NicModel,

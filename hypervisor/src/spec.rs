@@ -1,7 +1,7 @@
 //! The hypervisor-level description of one domain: plain Rust, no libvirt, no XML.
 //!
 //! A [`DomainSpec`] is what the adapter renders into libvirt domain XML (see [`crate::xml`]).
-//! It is deliberately not `core`'s VMI: a later step maps core's expanded VMI onto it.
+//! It is deliberately not `core`'s VMI: [`crate::mapping`] maps core's expanded VMI onto it.
 //! [`DomainSpec::validate`] collects every problem with its field path, so a bad spec is
 //! rejected with all its causes at once and before libvirt sees it.
 
@@ -215,7 +215,9 @@ pub struct Disk {
     pub bus: DiskBus,
     /// Disk or CD-ROM.
     pub device: DiskDevice,
-    /// The backing file (absolute path); `None` is an empty CD-ROM drive.
+    /// The backing file (absolute path). `None` is an empty CD-ROM drive, or a disk whose
+    /// contents vmplane does not provide (a container disk, a PVC): libvirt refuses a disk
+    /// device without a source, so such a disk is not rendered at all.
     pub source: Option<PathBuf>,
     /// The backing file's format.
     pub format: DiskFormat,
@@ -524,15 +526,10 @@ impl DomainSpec {
                     format!("{:?} is used twice", disk.target_dev),
                 ));
             }
-            match (&disk.source, disk.device) {
-                (Some(path), _) => path_problems(&at("source"), path, &mut problems),
-                (None, DiskDevice::Disk) => {
-                    problems.push(SpecProblem::new(
-                        at("source"),
-                        "a disk needs a source file (only a CD-ROM may be empty)",
-                    ));
-                }
-                (None, DiskDevice::Cdrom) => {}
+            // A disk without a source is a drive without media: vmplane does not provide
+            // disk contents (container disks, PVCs, DataVolumes), see `crate::mapping`.
+            if let Some(path) = &disk.source {
+                path_problems(&at("source"), path, &mut problems);
             }
             if disk.device == DiskDevice::Cdrom && disk.bus == DiskBus::Virtio {
                 problems.push(SpecProblem::new(

@@ -174,6 +174,11 @@ fn write_devices(w: &mut W, spec: &DomainSpec) -> IoResult {
         text_element(w, "emulator", emulator)?;
     }
     for (i, disk) in spec.disks.iter().enumerate() {
+        // libvirt refuses a disk device without a source ("missing source information"), and
+        // vmplane does not provide disk contents: such a drive is left out of the domain.
+        if disk.device == DiskDevice::Disk && disk.source.is_none() {
+            continue;
+        }
         let device = match disk.device {
             DiskDevice::Disk => "disk",
             DiskDevice::Cdrom => "cdrom",

@@ -7,10 +7,22 @@
 //!   one `decide` see both the spec and the run it judges (start rules, RestartRequired), and
 //!   lets projections derive status from one fold.
 //! * [`vmi`] — `vmi/<ns>/<name>`: standalone VMIs (no VM).
-//! * [`object`] — instancetypes, preferences (both scopes), snapshots, restores, clones and
-//!   the KubeVirt cluster configuration: create/update/delete of a versioned object.
+//! * [`object`] — instancetypes, preferences (both scopes) and the KubeVirt cluster
+//!   configuration: create/update/delete of a versioned object (also the first event of the
+//!   snapshot, restore and clone streams).
+//! * [`snapshot`] — `snapshot/<ns>/<name>`: a VM captured at one log position.
+//! * [`restore`] — `restore/<ns>/<name>`: a snapshot put back onto its VM or into a new VM, a
+//!   saga with the target VM stream.
+//! * [`clone`] — `clone/<ns>/<name>`: a VM or snapshot copied into a new VM with a new
+//!   identity, the same saga shape.
+//! * [`dataprotection`] — what those three share: [`dataprotection::Next`],
+//!   [`dataprotection::SagaDecision`], spec views, KubeVirt's filters and conditions.
 
+pub mod clone;
+pub mod dataprotection;
 pub mod object;
+pub mod restore;
+pub mod snapshot;
 pub mod vm;
 pub mod vmi;
 

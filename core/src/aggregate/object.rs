@@ -1,9 +1,11 @@
 //! The simple object aggregate: create/update/delete of a versioned object, for
 //! instancetypes and preferences (streams `instancetype/<ns>/<name>`,
 //! `clusterinstancetype/<name>`, `preference/<ns>/<name>`, `clusterpreference/<name>`),
-//! snapshots, restores, clones (`snapshot|restore|clone/<ns>/<name>`) and the KubeVirt cluster
-//! configuration (`cluster/config`). Their deeper behaviour belongs to later issues; here every
-//! version is kept as an event so any revision can be read back.
+//! and the KubeVirt cluster configuration (`cluster/config`); every version is kept as an event
+//! so any revision can be read back. Snapshots, restores and clones
+//! (`snapshot|restore|clone/<ns>/<name>`) start with this aggregate's `ObjectCreated` and
+//! continue with their own events ([`crate::aggregate::snapshot`], [`crate::aggregate::restore`],
+//! [`crate::aggregate::clone`]); their `evolve` wraps this one.
 
 use uuid::Uuid;
 

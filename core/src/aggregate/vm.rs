@@ -196,8 +196,14 @@ pub struct PutVm {
     pub preference: Option<Preference>,
     /// The origin to record for a UUID given in the manifest at creation (default
     /// `UserSpecified`; the restore and clone flows pass `Restored`/`Cloned`/…, see
-    /// [`crate::firmware::identity_for_restore`]).
+    /// [`crate::firmware::identity_for_restore`]). On an update that changes the UUID it is
+    /// recorded too (a restore onto the same VM records `Restored`).
     pub identity_origin: Option<FirmwareOrigin>,
+    /// Take the provided instancetype/preference even when the reference (kind and name) is
+    /// unchanged, recording a new capture if it differs from the current one. A restore onto
+    /// an existing VM sets it to put back the snapshot's revisions (KubeVirt restores the
+    /// snapshot's ControllerRevisions); `false` for every other command.
+    pub recapture_revisions: bool,
 }
 
 impl PutVm {
@@ -210,6 +216,7 @@ impl PutVm {
             instancetype: None,
             preference: None,
             identity_origin: None,
+            recapture_revisions: false,
         }
     }
 }
@@ -456,7 +463,16 @@ pub fn evolve(mut s: VmState, event: &Event) -> VmState {
         | Event::VmiDeleted(_)
         | Event::ObjectCreated(_)
         | Event::ObjectUpdated(_)
-        | Event::ObjectDeleted(_) => {}
+        | Event::ObjectDeleted(_)
+        | Event::SnapshotTaken(_)
+        | Event::SnapshotFailed(_)
+        | Event::RestoreTargetFoundRunning(_)
+        | Event::RestoreStarted(_)
+        | Event::RestoreCompleted(_)
+        | Event::RestoreFailed(_)
+        | Event::CloneStarted(_)
+        | Event::CloneSucceeded(_)
+        | Event::CloneFailed(_) => {}
     }
     s
 }
@@ -552,10 +568,12 @@ impl Rejection {
     }
 }
 
-fn resolve<T: Clone>(
+#[allow(clippy::too_many_arguments)]
+fn resolve<T: Clone + PartialEq>(
     wanted: Option<&(Kind, String)>,
     current: Option<&Captured<T>>,
     provided: Option<&T>,
+    recapture: bool,
     provided_id: impl Fn(&T) -> (Option<Kind>, String),
     field: &str,
     code: &'static str,
@@ -568,6 +586,13 @@ fn resolve<T: Clone>(
         && cur.kind == *kind
         && &cur.name == name
     {
+        if recapture
+            && let Some(obj) = provided
+            && provided_id(obj) == (Some(*kind), name.clone())
+            && *obj != cur.object
+        {
+            return (Some(obj.clone()), true);
+        }
         return (Some(cur.object.clone()), false);
     }
     match provided {
@@ -629,6 +654,7 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
         refs.instancetype.as_ref(),
         state.instancetype.as_ref().filter(|_| live),
         p.instancetype.as_ref(),
+        p.recapture_revisions,
         |o: &Instancetype| id(&o.kind, &o.api_version, &o.metadata.name),
         "spec.instancetype.name",
         codes::INSTANCETYPE_NOT_FOUND,
@@ -638,6 +664,7 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
         refs.preference.as_ref(),
         state.preference.as_ref().filter(|_| live),
         p.preference.as_ref(),
+        p.recapture_revisions,
         |o: &Preference| id(&o.kind, &o.api_version, &o.metadata.name),
         "spec.preference.name",
         codes::PREFERENCE_NOT_FOUND,
@@ -681,7 +708,7 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
             && (cur.uuid != new_uuid || cur.serial != fw.serial)
         {
             let origin = if cur.uuid != new_uuid {
-                FirmwareOrigin::UserSpecified
+                p.identity_origin.unwrap_or(FirmwareOrigin::UserSpecified)
             } else {
                 cur.origin
             };

@@ -50,6 +50,24 @@ pub type ObjectCreated = payload::ObjectCreatedV1;
 pub type ObjectUpdated = payload::ObjectUpdatedV1;
 /// Current payload of `ObjectDeleted`.
 pub type ObjectDeleted = payload::ObjectDeletedV1;
+/// Current payload of `SnapshotTaken`.
+pub type SnapshotTaken = payload::SnapshotTakenV1;
+/// Current payload of `SnapshotFailed`.
+pub type SnapshotFailed = payload::SnapshotFailedV1;
+/// Current payload of `RestoreTargetFoundRunning`.
+pub type RestoreTargetFoundRunning = payload::RestoreTargetFoundRunningV1;
+/// Current payload of `RestoreStarted`.
+pub type RestoreStarted = payload::RestoreStartedV1;
+/// Current payload of `RestoreCompleted`.
+pub type RestoreCompleted = payload::RestoreCompletedV1;
+/// Current payload of `RestoreFailed`.
+pub type RestoreFailed = payload::RestoreFailedV1;
+/// Current payload of `CloneStarted`.
+pub type CloneStarted = payload::CloneStartedV1;
+/// Current payload of `CloneSucceeded`.
+pub type CloneSucceeded = payload::CloneSucceededV1;
+/// Current payload of `CloneFailed`.
+pub type CloneFailed = payload::CloneFailedV1;
 
 /// Every fact vmplane records. The serde form (`{"type": "...", "data": {...}}`) is for
 /// watch/audit output; the log holds the rkyv form from [`encode`].
@@ -94,6 +112,25 @@ pub enum Event {
     ObjectUpdated(ObjectUpdated),
     /// A simple object was deleted.
     ObjectDeleted(ObjectDeleted),
+    /// A snapshot captured its VM (stream `snapshot/<ns>/<name>`).
+    SnapshotTaken(Box<SnapshotTaken>),
+    /// A snapshot could not be taken.
+    SnapshotFailed(SnapshotFailed),
+    /// A restore found its target running and applied its readiness policy
+    /// (stream `restore/<ns>/<name>`).
+    RestoreTargetFoundRunning(RestoreTargetFoundRunning),
+    /// A restore decided its target VM.
+    RestoreStarted(Box<RestoreStarted>),
+    /// A restore's target carries it.
+    RestoreCompleted(RestoreCompleted),
+    /// A restore gave up.
+    RestoreFailed(RestoreFailed),
+    /// A clone decided its new VM (stream `clone/<ns>/<name>`).
+    CloneStarted(Box<CloneStarted>),
+    /// A clone's new VM exists.
+    CloneSucceeded(CloneSucceeded),
+    /// A clone gave up.
+    CloneFailed(CloneFailed),
 }
 
 impl Event {
@@ -119,6 +156,15 @@ impl Event {
             Event::ObjectCreated(_) => "ObjectCreated",
             Event::ObjectUpdated(_) => "ObjectUpdated",
             Event::ObjectDeleted(_) => "ObjectDeleted",
+            Event::SnapshotTaken(_) => "SnapshotTaken",
+            Event::SnapshotFailed(_) => "SnapshotFailed",
+            Event::RestoreTargetFoundRunning(_) => "RestoreTargetFoundRunning",
+            Event::RestoreStarted(_) => "RestoreStarted",
+            Event::RestoreCompleted(_) => "RestoreCompleted",
+            Event::RestoreFailed(_) => "RestoreFailed",
+            Event::CloneStarted(_) => "CloneStarted",
+            Event::CloneSucceeded(_) => "CloneSucceeded",
+            Event::CloneFailed(_) => "CloneFailed",
         }
     }
 
@@ -169,6 +215,49 @@ impl Event {
             Event::ObjectCreated(e) => format!("created {} {}", e.kind, e.name),
             Event::ObjectUpdated(_) => "updated".to_owned(),
             Event::ObjectDeleted(_) => "deleted".to_owned(),
+            Event::SnapshotTaken(e) => format!(
+                "snapshot of {} at revision {} (firmware {})",
+                e.source_name,
+                e.source_revision,
+                e.firmware_uuid
+                    .map_or_else(|| "none recorded".to_owned(), |u| u.to_string())
+            ),
+            Event::SnapshotFailed(e) => format!("snapshot failed: {}", e.reason),
+            Event::RestoreTargetFoundRunning(e) => format!(
+                "target running (VMI {}), policy {}{}",
+                e.vmi_uid,
+                e.policy,
+                if e.stop_requested {
+                    ", stop requested"
+                } else {
+                    ""
+                }
+            ),
+            Event::RestoreStarted(e) => format!(
+                "restoring {} into {} (firmware {} {}{})",
+                e.snapshot_name,
+                e.target_name,
+                e.firmware_uuid,
+                e.firmware_origin.as_str(),
+                if e.identity_regenerated {
+                    ", regenerated"
+                } else {
+                    ""
+                }
+            ),
+            Event::RestoreCompleted(e) => {
+                format!(
+                    "restore complete (target generation {})",
+                    e.target_generation
+                )
+            }
+            Event::RestoreFailed(e) => format!("restore failed: {}", e.reason),
+            Event::CloneStarted(e) => format!(
+                "cloning {} {} into {} (firmware {})",
+                e.source_kind, e.source_name, e.target_name, e.firmware_uuid
+            ),
+            Event::CloneSucceeded(e) => format!("clone created VM {}", e.target_uid),
+            Event::CloneFailed(e) => format!("clone failed: {}", e.reason),
         }
     }
 }

@@ -267,3 +267,115 @@ payload! {
     /// `ObjectDeleted` v1 — such an object was deleted.
     ObjectDeletedV1 { uid: Uuid }
 }
+
+payload! {
+    /// Part of `RestoreStarted` v1 and `CloneStarted` v1 (never an event on its own): the MAC
+    /// address a restore or clone gave one interface of its target.
+    MacAddressV1 { interface: String, mac: String }
+}
+
+payload! {
+    /// `SnapshotTaken` v1 — a VirtualMachineSnapshot captured its source VM at one log
+    /// position (stream `snapshot/<ns>/<name>`): the stored VM object at `source_revision`
+    /// (effective firmware identity included), the captured instancetype/preference revisions,
+    /// and the firmware UUID and serial (semantics §1 row 8). `firmware_uuid` is `None` only for
+    /// a snapshot imported from KubeVirt whose VM had no persisted UUID; `imported` marks such
+    /// imports (`source_position` is then 0).
+    SnapshotTakenV1 {
+        source_name: String,
+        source_uid: Option<Uuid>,
+        source_revision: u64,
+        source_generation: u64,
+        source_position: u64,
+        vm_json: String,
+        instancetype: Option<RevisionCapturedV1>,
+        preference: Option<RevisionCapturedV1>,
+        firmware_uuid: Option<Uuid>,
+        firmware_serial: Option<String>,
+        online: bool,
+        imported: bool,
+        at_ms: i64,
+    }
+}
+
+payload! {
+    /// `SnapshotFailed` v1 — a VirtualMachineSnapshot could not be taken (its source VM does
+    /// not exist); final.
+    SnapshotFailedV1 { reason: String, at_ms: i64 }
+}
+
+payload! {
+    /// `RestoreTargetFoundRunning` v1 — a VirtualMachineRestore found its target VM running
+    /// (VMI `vmi_uid`) and applied its `targetReadinessPolicy` (`policy`); `stop_requested` when
+    /// the policy is `StopTarget` and the restore asked the VM to stop. Emitted once per VMI;
+    /// the first one starts the `WaitGracePeriod` clock.
+    RestoreTargetFoundRunningV1 { vmi_uid: Uuid, policy: String, stop_requested: bool, at_ms: i64 }
+}
+
+payload! {
+    /// `RestoreStarted` v1 — a VirtualMachineRestore decided what its target becomes: the full
+    /// VM object to put (`vm_json`, with the identity of semantics §1 rows 9–10 and the
+    /// `restore.kubevirt.io/lastRestoreUID` annotation), the snapshot's instancetype/preference
+    /// revisions, and the identity. `target_uid` is the existing target's uid (`None`: the
+    /// target is created) and `target_generation` the generation the update expects.
+    RestoreStartedV1 {
+        snapshot_name: String,
+        snapshot_uid: Option<Uuid>,
+        target_name: String,
+        target_uid: Option<Uuid>,
+        target_generation: u64,
+        vm_json: String,
+        instancetype: Option<RevisionCapturedV1>,
+        preference: Option<RevisionCapturedV1>,
+        firmware_uuid: Uuid,
+        firmware_serial: Option<String>,
+        firmware_origin: FirmwareOrigin,
+        macs: Vec<MacAddressV1>,
+        identity_regenerated: bool,
+        at_ms: i64,
+    }
+}
+
+payload! {
+    /// `RestoreCompleted` v1 — the target VM carries the restore (seen at `target_generation`);
+    /// final.
+    RestoreCompletedV1 { target_uid: Uuid, target_generation: u64, firmware_uuid: Uuid, at_ms: i64 }
+}
+
+payload! {
+    /// `RestoreFailed` v1 — the restore gave up (`reason` in KubeVirt's wording where it has
+    /// one); final.
+    RestoreFailedV1 { reason: String, at_ms: i64 }
+}
+
+payload! {
+    /// `CloneStarted` v1 — a VirtualMachineClone captured its source (a VM at one log position,
+    /// or a snapshot) and decided the new VM: `vm_json` (filters, new identity and patches
+    /// applied), the source's instancetype/preference revisions, and the new identity
+    /// (semantics §1 row 11).
+    CloneStartedV1 {
+        source_kind: String,
+        source_name: String,
+        source_uid: Option<Uuid>,
+        source_revision: u64,
+        source_position: u64,
+        target_name: String,
+        vm_json: String,
+        instancetype: Option<RevisionCapturedV1>,
+        preference: Option<RevisionCapturedV1>,
+        firmware_uuid: Uuid,
+        firmware_serial: Option<String>,
+        macs: Vec<MacAddressV1>,
+        at_ms: i64,
+    }
+}
+
+payload! {
+    /// `CloneSucceeded` v1 — the clone's target VM exists (uid, generation when seen); final.
+    CloneSucceededV1 { target_uid: Uuid, target_generation: u64, at_ms: i64 }
+}
+
+payload! {
+    /// `CloneFailed` v1 — the clone gave up (`reason`); final.
+    CloneFailedV1 { reason: String, at_ms: i64 }
+}

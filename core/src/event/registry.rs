@@ -29,6 +29,15 @@ pub const EVENT_TYPES: &[(&str, u16)] = &[
     ("ObjectCreated", 1),
     ("ObjectUpdated", 1),
     ("ObjectDeleted", 1),
+    ("SnapshotTaken", 1),
+    ("SnapshotFailed", 1),
+    ("RestoreTargetFoundRunning", 1),
+    ("RestoreStarted", 1),
+    ("RestoreCompleted", 1),
+    ("RestoreFailed", 1),
+    ("CloneStarted", 1),
+    ("CloneSucceeded", 1),
+    ("CloneFailed", 1),
 ];
 
 /// An event ready for the log.
@@ -105,6 +114,15 @@ pub fn encode(event: &Event) -> EncodedEvent {
         Event::ObjectCreated(p) => to_bytes(p),
         Event::ObjectUpdated(p) => to_bytes(p),
         Event::ObjectDeleted(p) => to_bytes(p),
+        Event::SnapshotTaken(p) => to_bytes(&**p),
+        Event::SnapshotFailed(p) => to_bytes(p),
+        Event::RestoreTargetFoundRunning(p) => to_bytes(p),
+        Event::RestoreStarted(p) => to_bytes(&**p),
+        Event::RestoreCompleted(p) => to_bytes(p),
+        Event::RestoreFailed(p) => to_bytes(p),
+        Event::CloneStarted(p) => to_bytes(&**p),
+        Event::CloneSucceeded(p) => to_bytes(p),
+        Event::CloneFailed(p) => to_bytes(p),
     };
     EncodedEvent {
         type_name: event.type_name(),
@@ -162,6 +180,17 @@ pub fn decode(type_name: &str, version: u16, bytes: &[u8]) -> Result<Event, Deco
         ("ObjectCreated", 1) => Event::ObjectCreated(read(t, version, bytes)?),
         ("ObjectUpdated", 1) => Event::ObjectUpdated(read(t, version, bytes)?),
         ("ObjectDeleted", 1) => Event::ObjectDeleted(read(t, version, bytes)?),
+        ("SnapshotTaken", 1) => Event::SnapshotTaken(Box::new(read(t, version, bytes)?)),
+        ("SnapshotFailed", 1) => Event::SnapshotFailed(read(t, version, bytes)?),
+        ("RestoreTargetFoundRunning", 1) => {
+            Event::RestoreTargetFoundRunning(read(t, version, bytes)?)
+        }
+        ("RestoreStarted", 1) => Event::RestoreStarted(Box::new(read(t, version, bytes)?)),
+        ("RestoreCompleted", 1) => Event::RestoreCompleted(read(t, version, bytes)?),
+        ("RestoreFailed", 1) => Event::RestoreFailed(read(t, version, bytes)?),
+        ("CloneStarted", 1) => Event::CloneStarted(Box::new(read(t, version, bytes)?)),
+        ("CloneSucceeded", 1) => Event::CloneSucceeded(read(t, version, bytes)?),
+        ("CloneFailed", 1) => Event::CloneFailed(read(t, version, bytes)?),
         _ => {
             return Err(DecodeError::UnknownType {
                 type_name: type_name.to_owned(),
@@ -175,6 +204,30 @@ pub fn decode(type_name: &str, version: u16, bytes: &[u8]) -> Result<Event, Deco
 /// embedded JSON document parses (the store's `verify` calls this).
 pub fn validate_payload(type_name: &str, version: u16, bytes: &[u8]) -> Result<(), DecodeError> {
     let event = decode(type_name, version, bytes)?;
+    let mut texts: Vec<&String> = Vec::new();
+    let revisions = |it: &'_ Option<RevisionCapturedV1>, pref: &'_ Option<RevisionCapturedV1>| {
+        [it, pref]
+            .into_iter()
+            .flatten()
+            .map(|r| r.object_json.clone())
+            .collect::<Vec<String>>()
+    };
+    let nested = match &event {
+        Event::SnapshotTaken(p) => {
+            texts.push(&p.vm_json);
+            revisions(&p.instancetype, &p.preference)
+        }
+        Event::RestoreStarted(p) => {
+            texts.push(&p.vm_json);
+            revisions(&p.instancetype, &p.preference)
+        }
+        Event::CloneStarted(p) => {
+            texts.push(&p.vm_json);
+            revisions(&p.instancetype, &p.preference)
+        }
+        _ => Vec::new(),
+    };
+    texts.extend(nested.iter());
     let json = match &event {
         Event::VmCreated(p) => Some(&p.manifest_json),
         Event::VmSpecEdited(p) => Some(&p.manifest_json),
@@ -186,7 +239,8 @@ pub fn validate_payload(type_name: &str, version: u16, bytes: &[u8]) -> Result<(
         Event::ObjectUpdated(p) => Some(&p.manifest_json),
         _ => None,
     };
-    if let Some(text) = json {
+    texts.extend(json);
+    for text in texts {
         serde_json::from_str::<serde_json::Value>(text).map_err(|e| DecodeError::Corrupt {
             type_name: type_name.to_owned(),
             version,

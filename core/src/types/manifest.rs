@@ -498,6 +498,17 @@ impl Manifest {
         }
     }
 
+    /// The metadata, to fill in what the request implies (a default namespace).
+    pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Manifest::VirtualMachine(o) => &mut o.metadata,
+            Manifest::VirtualMachineInstance(o) => &mut o.metadata,
+            Manifest::Instancetype(o) => &mut o.metadata,
+            Manifest::Preference(o) => &mut o.metadata,
+            Manifest::Object(_, o) => &mut o.metadata,
+        }
+    }
+
     /// The object as a JSON value, in KubeVirt's shape.
     pub fn to_value(&self) -> Value {
         let r = match self {

@@ -3,10 +3,12 @@ use serde_json::Value;
 
 use super::{JsonMap, ObjectMeta};
 
-/// An object vmplane stores and versions but whose spec it does not (yet) interpret in core:
-/// `KubeVirt` (cluster config), `VirtualMachineSnapshot`, `VirtualMachineRestore`,
-/// `VirtualMachineClone`, and the KubeVirt kinds it parses but does not manage
-/// (`VirtualMachinePool`, `VirtualMachineInstanceReplicaSet`, `VirtualMachineInstanceMigration`).
+/// An object kept as written, with its spec as JSON: `KubeVirt` (cluster config, read by
+/// [`crate::features`]), `VirtualMachineSnapshot`, `VirtualMachineRestore`,
+/// `VirtualMachineClone` (their specs are read through typed views in
+/// [`crate::aggregate::snapshot`], [`crate::aggregate::restore`], [`crate::aggregate::clone`]),
+/// and the KubeVirt kinds it parses but does not manage (`VirtualMachinePool`,
+/// `VirtualMachineInstanceReplicaSet`, `VirtualMachineInstanceMigration`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GenericObject {

@@ -8,6 +8,7 @@ mod instancetypes;
 mod lifecycle;
 mod limits;
 mod props;
+mod snapshots;
 mod support;
 mod testdata;
 mod vm_aggregate;

@@ -37,7 +37,8 @@ impl PrivateNode {
         ))
     }
 
-    fn with_xml(xml: &str) -> PrivateNode {
+    /// A node from a test-driver node file (which may hold fixture domains).
+    pub fn with_xml(xml: &str) -> PrivateNode {
         let dir = tempfile::tempdir().expect("temp dir");
         let path: PathBuf = dir.path().join("node.xml");
         std::fs::write(&path, xml).expect("write node file");

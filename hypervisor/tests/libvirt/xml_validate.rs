@@ -136,7 +136,7 @@ fn invalid_specs_are_rejected_with_every_problem_before_libvirt() {
     spec.cpu.cores = 0;
     spec.memory_bytes = 1;
     spec.disks[0].target_dev = "sda".into(); // virtio needs vd*
-    spec.disks[1].source = None; // a disk needs a source
+    spec.disks[1].source = Some("relative.img".into()); // a source must be absolute
     spec.interfaces[1].mac = spec.interfaces[0].mac;
     spec.metadata.name = "evil\u{1}name".into();
     let err = render_domain(&spec).expect_err("invalid");
