@@ -39,6 +39,7 @@ pub struct Api {
     commands: Arc<CommandHandler>,
     auth: Option<Arc<Authenticator>>,
     read_wait: Duration,
+    wake: Option<vmplane_hypervisor::WakeHandle>,
 }
 
 impl Api {
@@ -56,6 +57,20 @@ impl Api {
             commands,
             auth,
             read_wait: Duration::from_secs(10),
+            wake: None,
+        }
+    }
+
+    /// Wakes the reconciler after every accepted write, so it acts at once instead of at its
+    /// next resync.
+    pub fn with_wake(mut self, wake: Option<vmplane_hypervisor::WakeHandle>) -> Api {
+        self.wake = wake;
+        self
+    }
+
+    fn wrote(&self) {
+        if let Some(w) = &self.wake {
+            w.wake();
         }
     }
 
@@ -161,6 +176,32 @@ fn describe(kind: Kind, namespace: &str, name: &str) -> String {
     }
 }
 
+/// How a manifest that does not parse is named in its error: `KIND NAMESPACE/NAME` when its
+/// JSON says (the CLI sends JSON), `manifest` otherwise. Only JSON is read here: its parser has
+/// a depth limit and no aliases, and the text is already within the request size limit.
+fn manifest_context(text: &str, namespace: &str) -> String {
+    let fallback = "manifest".to_string();
+    if text.len() > vmplane_core::limits::MANIFEST_BYTES_MAX {
+        return fallback;
+    }
+    let Ok(doc) = serde_json::from_str::<serde_json::Value>(text) else {
+        return fallback;
+    };
+    let field = |path: &str| doc.pointer(path).and_then(|v| v.as_str()).unwrap_or("");
+    let (kind, name) = (field("/kind"), field("/metadata/name"));
+    if kind.is_empty() || name.is_empty() {
+        return fallback;
+    }
+    let namespace = match field("/metadata/namespace") {
+        "" => namespace_or_default(namespace),
+        ns => ns.to_string(),
+    };
+    match Kind::from_cli_name(kind) {
+        Some(kind) => describe(kind, &namespace, name),
+        None => format!("{kind} {name}"),
+    }
+}
+
 fn to_pb(view: &vmplane_projections::render::ObjectView) -> pb::Object {
     pb::Object {
         kind: view.kind.as_str().to_string(),
@@ -230,8 +271,12 @@ impl pb::objects_server::Objects for Api {
     ) -> Result<Response<pb::ApplyResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
-        let mut manifest = parse_manifest(r.manifest.as_bytes())
-            .map_err(|e| status::from_rejection("manifest", &Rejection::from(e)))?;
+        let mut manifest = parse_manifest(r.manifest.as_bytes()).map_err(|e| {
+            status::from_rejection(
+                &manifest_context(&r.manifest, &r.namespace),
+                &Rejection::from(e),
+            )
+        })?;
         let kind = manifest.kind();
         if !kind.managed() {
             return Err(Status::invalid_argument(format!(
@@ -256,7 +301,7 @@ impl pb::objects_server::Objects for Api {
             self.projections.clone(),
             self.read_wait,
         );
-        blocking(move || {
+        let response = blocking(move || {
             if r.dry_run {
                 let outcome = commands
                     .dry_run(command)
@@ -291,7 +336,11 @@ impl pb::objects_server::Objects for Api {
                 position: done.position.0,
             }))
         })
-        .await
+        .await;
+        if response.is_ok() {
+            self.wrote();
+        }
+        response
     }
 
     async fn get(
@@ -413,7 +462,7 @@ impl pb::objects_server::Objects for Api {
         };
         let meta = meta(&p, request_id(&r.request_id)?);
         let commands = self.commands.clone();
-        blocking(move || {
+        let response = blocking(move || {
             let done = commands
                 .execute(&meta, command)
                 .map_err(|e| from_command(&object, e))?;
@@ -421,7 +470,11 @@ impl pb::objects_server::Objects for Api {
                 position: done.position.0,
             }))
         })
-        .await
+        .await;
+        if response.is_ok() {
+            self.wrote();
+        }
+        response
     }
 
     async fn expand(
@@ -534,7 +587,7 @@ impl Api {
             command,
         };
         let commands = self.commands.clone();
-        blocking(move || {
+        let response = blocking(move || {
             let done = commands
                 .execute(&meta, command)
                 .map_err(|e| from_command(&object, e))?;
@@ -543,7 +596,11 @@ impl Api {
                 outcome: done.outcome.as_str().to_string(),
             }))
         })
-        .await
+        .await;
+        if response.is_ok() {
+            self.wrote();
+        }
+        response
     }
 }
 
@@ -627,10 +684,12 @@ impl pb::history_server::History for Api {
         } else {
             Some(parse_time("since", &r.since)?)
         };
+        // `until` is exclusive on the wire; the projection's bound is inclusive.
         let until = if r.until.is_empty() {
             None
         } else {
-            Some(parse_time("until", &r.until)?)
+            let t = parse_time("until", &r.until)?;
+            Some(Timestamp(t.0.saturating_sub(1)))
         };
         let limit = if r.limit == 0 {
             AUDIT_ENTRIES_MAX

@@ -68,7 +68,9 @@ pub enum Command {
   vmplane serve
   vmplane serve --data ./vmplane-data --listen 127.0.0.1:50051
   vmplane serve --listen 127.0.0.1:0   # any free port; the ready line says which
-  vmplane serve --listen 0.0.0.0:50051 --auth auth.yaml")]
+  vmplane serve --listen 0.0.0.0:50051 --auth auth.yaml
+  vmplane serve --hypervisor node1=qemu:///system --hypervisor node2=qemu+ssh://host2/system
+  vmplane serve --hypervisor none        # no reconciler: the control plane only")]
     Serve(ServeArgs),
 
     /// Create or update every object of a YAML/JSON file (multi-document).
@@ -190,6 +192,16 @@ pub struct ServeArgs {
     /// Storage backend of the log.
     #[arg(long, value_enum, default_value_t = Backend::Sled)]
     pub backend: Backend,
+
+    /// A libvirt node for the reconciler, as URI or NAME=URI (repeatable: one per node), or
+    /// `none` to run without a reconciler. libvirt's test driver is real libvirt with
+    /// simulated hosts.
+    #[arg(
+        long,
+        value_name = "URI|NAME=URI|none",
+        default_value = "test:///default"
+    )]
+    pub hypervisor: Vec<String>,
 
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]

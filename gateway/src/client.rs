@@ -101,7 +101,8 @@ pub fn status_error(status: Status) -> anyhow::Error {
         tonic::Code::FailedPrecondition => "refused",
         tonic::Code::PermissionDenied => "permission denied",
         tonic::Code::Unauthenticated => "unauthenticated (pass --token or set VMPLANE_TOKEN)",
-        tonic::Code::ResourceExhausted => "too large",
+        // OutOfRange: tonic's answer to a request above the server's message size limit.
+        tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => "too large",
         tonic::Code::Unavailable => "server unavailable",
         tonic::Code::DeadlineExceeded => "timed out",
         _ => "server error",
@@ -160,7 +161,8 @@ pub async fn apply(
     let text = read_input(&a.file)?;
     let docs = split_documents(&text, &a.file)?;
     let mut out = std::io::stdout().lock();
-    let mut failures = 0usize;
+    let total = docs.len();
+    let mut failures = Vec::new();
     for doc in docs {
         let resp = c
             .objects
@@ -191,16 +193,20 @@ pub async fn apply(
                     )?,
                 }
             }
-            Err(status) => {
-                failures += 1;
-                eprintln!("vmplane: error: {}", status_error(status));
-            }
+            Err(status) => failures.push(status_error(status)),
         }
     }
-    if failures > 0 {
-        bail!("{failures} object(s) not applied");
+    // One failure is the command's one error line; several get a line each and a count.
+    match failures.len() {
+        0 => Ok(()),
+        1 => Err(failures.remove(0)),
+        n => {
+            for failure in &failures {
+                eprintln!("vmplane: error: {failure:#}");
+            }
+            bail!("{n} of {total} objects not applied")
+        }
     }
-    Ok(())
 }
 
 fn point_in_time(a: &GetArgs) -> Option<pb::PointInTime> {

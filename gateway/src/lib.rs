@@ -18,6 +18,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod client;
+pub mod control;
 pub mod metrics;
 pub mod print;
 pub mod server;

@@ -102,7 +102,12 @@ pub async fn serve(
     };
     let stop_follow = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let follower = projections.follow(stop_follow.clone());
-    let api = Arc::new(Api::new(log.clone(), projections.clone(), commands, auth));
+    let reconciler =
+        start_reconciler(&args.hypervisor, projections.clone(), commands.clone()).await?;
+    let api = Arc::new(
+        Api::new(log.clone(), projections.clone(), commands, auth)
+            .with_wake(reconciler.as_ref().map(|r| r.wake_handle())),
+    );
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -166,6 +171,10 @@ pub async fn serve(
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
+    // Stop the reconciler first: it records through the command path.
+    if let Some(reconciler) = reconciler {
+        let _ = tokio::task::spawn_blocking(move || drop(reconciler)).await;
+    }
     stop_follow.store(true, std::sync::atomic::Ordering::Release);
     let _ = tokio::task::spawn_blocking(move || {
         let _ = follower.join();
@@ -210,6 +219,56 @@ fn open_projections(
         .with_context(|| format!("--data {}: cannot build the projections", data.display()))?;
     let commands = CommandHandler::new(log, projections.cache().clone(), CommandOptions::default());
     Ok((Arc::new(projections), Arc::new(commands)))
+}
+
+/// `--hypervisor` values as `NAME=URI` (a bare URI becomes `node1`, `node2`, …), or `None`
+/// for `none`.
+pub fn node_args(values: &[String]) -> anyhow::Result<Option<Vec<String>>> {
+    if values.iter().any(|v| v == "none") {
+        if values.len() > 1 {
+            bail!("--hypervisor none: cannot be combined with other --hypervisor values");
+        }
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(values.len());
+    for (i, v) in values.iter().enumerate() {
+        let named = match (v.find('='), v.find("://")) {
+            (Some(eq), Some(scheme)) => eq < scheme,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        out.push(if named {
+            v.clone()
+        } else {
+            format!("node{}={v}", i + 1)
+        });
+    }
+    Ok(Some(out))
+}
+
+/// Opens the libvirt nodes and starts the reconciler on threads of its own.
+async fn start_reconciler(
+    values: &[String],
+    projections: Arc<vmplane_projections::Projections>,
+    commands: Arc<vmplane_projections::command::CommandHandler>,
+) -> anyhow::Result<Option<vmplane_hypervisor::ReconcilerHandle>> {
+    let Some(nodes) = node_args(values)? else {
+        tracing::info!("--hypervisor none: no reconciler");
+        return Ok(None);
+    };
+    let handle = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let opened = vmplane_hypervisor::Nodes::open(&nodes)
+            .with_context(|| format!("--hypervisor {}: cannot open", nodes.join(" ")))?;
+        for node in opened.iter() {
+            tracing::info!(node = %node.name, vcpus = node.capacity.vcpus, memory_bytes = node.capacity.memory_bytes, "hypervisor node");
+        }
+        let control = Arc::new(crate::control::ServerControlPlane::new(projections, commands));
+        vmplane_hypervisor::Reconciler::spawn(control, opened, Default::default())
+            .context("start the reconciler")
+    })
+    .await
+    .context("start the reconciler")??;
+    Ok(Some(handle))
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -526,6 +526,31 @@ impl Projections {
         Ok(ListResult { items, position })
     }
 
+    /// The folded state of every stream of `kind` now, live or deleted (a deleted VM may still
+    /// have a VMI to stop): what the reconciler compares with the hypervisor.
+    pub fn states_of(&self, kind: Kind) -> Result<Vec<Arc<Snapshot>>> {
+        self.catch_up()?;
+        let wanted: Vec<(String, u64)> = {
+            let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+            let ki = Kind::ALL.iter().position(|x| *x == kind).unwrap_or(0) as u8;
+            model
+                .by_name
+                .range((ki, String::new(), String::new())..)
+                .take_while(|((k, _, _), _)| *k == ki)
+                .filter_map(|(_, idx)| model.entry_at(*idx))
+                .map(|e| (e.stream.clone(), e.revision()))
+                .collect()
+        };
+        wanted
+            .into_iter()
+            .filter(|(_, revision)| *revision > 0)
+            .map(|(stream, revision)| {
+                self.cache
+                    .state_at(self.log.as_ref(), &stream, kind, revision)
+            })
+            .collect()
+    }
+
     /// The live object holding firmware UUID `uuid`, if any.
     pub fn firmware_holder(&self, uuid: Uuid) -> Result<Option<ObjectRef>> {
         self.catch_up()?;

@@ -1,0 +1,145 @@
+//! The reconciler's view of the control plane, over the projections (desired state) and the
+//! command path (where its observations are recorded, as principal `system:reconciler`).
+
+use std::sync::Arc;
+
+use vmplane_core::types::Kind;
+use vmplane_core::{Features, VmCommand, VmState, VmiCommand, VmiState};
+use vmplane_hypervisor::control_plane::{
+    ControlPlane, ControlPlaneError, Executed, RECONCILER_ACTOR,
+};
+use vmplane_projections::Projections;
+use vmplane_projections::command::{Command, CommandError, CommandHandler, CommandMeta};
+use vmplane_projections::model::AggState;
+
+/// [`ControlPlane`] over a server's projections and command path.
+pub struct ServerControlPlane {
+    projections: Arc<Projections>,
+    commands: Arc<CommandHandler>,
+}
+
+impl ServerControlPlane {
+    /// The reconciler reads `projections` and records through `commands`.
+    pub fn new(projections: Arc<Projections>, commands: Arc<CommandHandler>) -> Self {
+        ServerControlPlane {
+            projections,
+            commands,
+        }
+    }
+
+    fn meta() -> CommandMeta {
+        CommandMeta {
+            actor: RECONCILER_ACTOR.to_string(),
+            ..CommandMeta::default()
+        }
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ControlPlaneError {
+    ControlPlaneError::Unavailable(e.to_string())
+}
+
+fn from_command(e: CommandError) -> ControlPlaneError {
+    match e {
+        CommandError::Rejected(r) => ControlPlaneError::Rejected(r),
+        other => unavailable(other),
+    }
+}
+
+impl ControlPlane for ServerControlPlane {
+    fn vms(&self) -> Result<Vec<VmState>, ControlPlaneError> {
+        let states = self
+            .projections
+            .states_of(Kind::VirtualMachine)
+            .map_err(unavailable)?;
+        Ok(states
+            .iter()
+            .filter_map(|s| match &s.state {
+                AggState::Vm(vm) if vm.is_live() || vm.run.vmi.is_some() => Some((**vm).clone()),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn standalone_vmis(&self) -> Result<Vec<VmiState>, ControlPlaneError> {
+        let states = self
+            .projections
+            .states_of(Kind::VirtualMachineInstance)
+            .map_err(unavailable)?;
+        Ok(states
+            .iter()
+            .filter_map(|s| match &s.state {
+                AggState::Vmi(vmi) => Some((**vmi).clone()),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn features(&self) -> Result<Features, ControlPlaneError> {
+        Ok((*self.projections.features_at(None).map_err(unavailable)?).clone())
+    }
+
+    fn execute(
+        &self,
+        namespace: &str,
+        name: &str,
+        command: VmCommand,
+    ) -> Result<Executed<VmState>, ControlPlaneError> {
+        let command = Command::Vm {
+            namespace: namespace.into(),
+            name: name.into(),
+            command,
+        };
+        let stream = command.stream();
+        let done = self
+            .commands
+            .execute(&Self::meta(), command)
+            .map_err(from_command)?;
+        let (snapshot, _) = self
+            .commands
+            .load(&stream, Kind::VirtualMachine)
+            .map_err(unavailable)?;
+        match &snapshot.state {
+            AggState::Vm(vm) => Ok(Executed {
+                state: (**vm).clone(),
+                events_appended: appended(&done),
+            }),
+            _ => Err(unavailable(format!("{stream} is not a VM stream"))),
+        }
+    }
+
+    fn execute_vmi(
+        &self,
+        namespace: &str,
+        name: &str,
+        command: VmiCommand,
+    ) -> Result<Executed<VmiState>, ControlPlaneError> {
+        let command = Command::Vmi {
+            namespace: namespace.into(),
+            name: name.into(),
+            command,
+        };
+        let stream = command.stream();
+        let done = self
+            .commands
+            .execute(&Self::meta(), command)
+            .map_err(from_command)?;
+        let (snapshot, _) = self
+            .commands
+            .load(&stream, Kind::VirtualMachineInstance)
+            .map_err(unavailable)?;
+        match &snapshot.state {
+            AggState::Vmi(vmi) => Ok(Executed {
+                state: (**vmi).clone(),
+                events_appended: appended(&done),
+            }),
+            _ => Err(unavailable(format!("{stream} is not a VMI stream"))),
+        }
+    }
+}
+
+fn appended(done: &vmplane_projections::command::Executed) -> usize {
+    done.append
+        .filter(|a| !a.replayed)
+        .map_or(0, |a| (a.last_position.0 + 1 - a.first_position.0) as usize)
+}
