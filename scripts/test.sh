@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
+# Real QEMU through a libvirtd the hypervisor tests start themselves.
+bash scripts/install-qemu.sh >/dev/null
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "test.sh: cargo not found: install the Rust toolchain (rustup) first" >&2

@@ -165,7 +165,7 @@ pub async fn serve(
             pb::watch_server::WatchServer::from_arc(api.clone())
                 .max_decoding_message_size(REQUEST_BYTES_MAX),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped(stop_rx))
+        .serve_with_incoming_shutdown(incoming(listener), stopped(stop_rx))
         .await
         .context("serve gRPC")?;
     if let Some(task) = metrics_task {
@@ -186,6 +186,19 @@ pub async fn serve(
     .await;
     tracing::info!("vmplane stopped");
     Ok(())
+}
+
+/// Accepted connections with `TCP_NODELAY`: small gRPC frames must not wait for Nagle's
+/// algorithm and the peer's delayed ACK (40 ms a request otherwise).
+fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        conn.set_nodelay(true)?;
+        Ok(conn)
+    })
 }
 
 /// Opens the log on a blocking thread (sled's open does I/O and may panic on damaged files;

@@ -1,0 +1,226 @@
+//! Load generator for the gRPC gateway: VM creates, then updates, with 1, 16 and 64 concurrent
+//! clients against a real server (in this process, on a loopback port, with its own data dir),
+//! beside the log's own append throughput at the same concurrency, measured in the same run.
+//!
+//! ```sh
+//! cargo run --release -p vmplane-benches --bin gateway-load            # 1, 16, 64 clients
+//! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5    # 64 clients, 5 s each
+//! ```
+//!
+//! Prints, per concurrency: requests/s, p50 and p99 latency for creates and for updates, and
+//! the log's durable single-event appends/s, and the gateway/log ratio.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use vmplane_gateway::cli::{Backend, ServeArgs};
+use vmplane_gateway::pb;
+use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, ProposedEvent, SledLog};
+
+/// Channels the clients share (HTTP/2 multiplexes the rest).
+const CHANNELS: usize = 4;
+
+fn manifest(name: &str, memory_mi: u32) -> String {
+    format!(
+        r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"{name}","namespace":"load"}},"spec":{{"runStrategy":"Halted","template":{{"spec":{{"domain":{{"cpu":{{"cores":1}},"memory":{{"guest":"{memory_mi}Mi"}},"devices":{{}}}}}}}}}}}}"#
+    )
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+struct Phase {
+    ops: usize,
+    seconds: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+impl Phase {
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.seconds
+    }
+}
+
+/// `clients` tasks, each sending requests made by `make(client, i)` for `run` seconds.
+async fn drive(
+    channels: &[Channel],
+    clients: usize,
+    run: Duration,
+    update: bool,
+    round: usize,
+) -> Phase {
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let mut client =
+            pb::objects_client::ObjectsClient::new(channels[c % channels.len()].clone());
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let name = format!("vm-r{round}-c{c}-{i}");
+                // Updates edit the VMs the create phase made, in the same order.
+                let m = if update {
+                    manifest(&name, 256)
+                } else {
+                    manifest(&name, 128)
+                };
+                let t = Instant::now();
+                let r = client
+                    .apply(pb::ApplyRequest {
+                        manifest: m,
+                        namespace: "load".into(),
+                        ..Default::default()
+                    })
+                    .await;
+                if let Err(status) = r {
+                    eprintln!("request failed: {status}");
+                    break;
+                }
+                lat.push(t.elapsed());
+                i += 1;
+            }
+            lat
+        }));
+    }
+    tokio::time::sleep(run).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap_or_default());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    all.sort();
+    Phase {
+        ops: all.len(),
+        seconds,
+        p50: percentile(&all, 0.5),
+        p99: percentile(&all, 0.99),
+    }
+}
+
+/// The log alone: `writers` threads appending one ~300-byte event each, durable, for `run`.
+fn log_baseline(writers: usize, run: Duration) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = Arc::new(SledLog::open(dir.path().join("log")).expect("open log"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let (log, stop) = (log.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let event = ProposedEvent {
+                        id: uuid::Uuid::now_v7(),
+                        event_type: "LoadEventAppended".into(),
+                        schema_version: 1,
+                        payload: vec![7u8; 300],
+                        actor: "load".into(),
+                        correlation_id: uuid::Uuid::now_v7(),
+                        causation_id: None,
+                    };
+                    let stream = format!("load/{w}/{n}");
+                    if log
+                        .append(AppendRequest::new(
+                            stream,
+                            ExpectedRevision::NoStream,
+                            vec![event],
+                        ))
+                        .is_err()
+                    {
+                        break;
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(run);
+    stop.store(true, Ordering::Relaxed);
+    let total: usize = handles.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let levels: Vec<usize> = match args.first() {
+        Some(n) => vec![n.parse()?],
+        None => vec![1, 16, 64],
+    };
+    let run = Duration::from_secs(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(5));
+
+    let dir = tempfile::tempdir()?;
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = probe.local_addr()?;
+    drop(probe);
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serve = ServeArgs {
+        data: dir.path().join("data"),
+        listen: addr,
+        backend: Backend::Sled,
+        auth: None,
+        metrics_listen: None,
+        // The control plane alone: no reconciler competing for the cores.
+        hypervisor: vec!["none".into()],
+    };
+    let server = server_rt.spawn(vmplane_gateway::server::serve(serve, async move {
+        let _ = stop_rx.await;
+    }));
+
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    client_rt.block_on(async {
+        let url = format!("http://{addr}");
+        let mut channels = Vec::new();
+        for _ in 0..CHANNELS {
+            let ch = loop {
+                match Channel::from_shared(url.clone())?.connect().await {
+                    Ok(ch) => break ch,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            };
+            channels.push(ch);
+        }
+        println!(
+            "{:>7} | {:>10} {:>9} {:>9} | {:>10} {:>9} {:>9} | {:>12} | {:>6}",
+            "clients", "creates/s", "p50", "p99", "updates/s", "p50", "p99", "log appends/s", "ratio"
+        );
+        for (round, &clients) in levels.iter().enumerate() {
+            let create = drive(&channels, clients, run, false, round).await;
+            let update = drive(&channels, clients, run, true, round).await;
+            let log = tokio::task::spawn_blocking(move || log_baseline(clients, run)).await?;
+            println!(
+                "{:>7} | {:>10.0} {:>9.2?} {:>9.2?} | {:>10.0} {:>9.2?} {:>9.2?} | {:>12.0} | {:>5.2}x",
+                clients,
+                create.rate(),
+                create.p50,
+                create.p99,
+                update.rate(),
+                update.p50,
+                update.p99,
+                log,
+                create.rate() / log
+            );
+        }
+        anyhow::Ok(())
+    })?;
+    let _ = stop_tx.send(());
+    let _ = server_rt.block_on(server);
+    Ok(())
+}
