@@ -20,6 +20,7 @@ done
 # package -> a file or command that proves it is installed
 pkgs=(
   "protobuf-compiler:/usr/bin/protoc"
+  "libprotobuf-dev:/usr/include/google/protobuf/descriptor.proto"
   "pkg-config:/usr/bin/pkg-config"
   "libvirt-dev:/usr/lib/x86_64-linux-gnu/pkgconfig/libvirt.pc"
   "libvirt-clients:/usr/bin/virsh"

@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
 # Real QEMU through a libvirtd the hypervisor tests start themselves.
 bash scripts/install-qemu.sh >/dev/null
+# A 3-member etcd cluster the store-etcd tests start themselves.
+bash scripts/install-etcd.sh
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "test.sh: cargo not found: install the Rust toolchain (rustup) first" >&2

@@ -68,18 +68,52 @@ impl Server {
     /// Starts `vmplane serve --data DIR --listen 127.0.0.1:0 EXTRA...` and waits for its ready
     /// line.
     pub fn start(data: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(vmplane_bin())
+        Server::start_listening(data, "127.0.0.1:0", extra)
+    }
+
+    /// Starts `vmplane serve --data DIR --listen LISTEN EXTRA...` and waits for its ready line.
+    /// The URL clients use points at loopback when the server listens on every address.
+    pub fn start_listening(data: &Path, listen: &str, extra: &[&str]) -> Server {
+        let mut command = Command::new(vmplane_bin());
+        command
             .arg("serve")
             .arg("--data")
             .arg(data)
+            .args(["--listen", listen])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        Server::wait_ready(command.spawn().expect("spawn vmplane serve"))
+    }
+
+    /// Starts a server on a fresh data directory that lives as long as the test process: for
+    /// the tests of one module to share (each in its own namespaces). It is killed, and its
+    /// directory removed, when the test process exits, however it exits.
+    pub fn start_shared(extra: &[&str]) -> Server {
+        let data = tempfile::Builder::new()
+            .prefix("vmplane-e2e-")
+            .tempdir()
+            .expect("tempdir")
+            .keep();
+        let mut command = Command::new(vmplane_bin());
+        command
+            .arg("serve")
+            .arg("--data")
+            .arg(data.join("data"))
             .args(["--listen", "127.0.0.1:0"])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn vmplane serve");
+            .stderr(Stdio::piped());
+        let child = spawn_tied_to_this_process(command);
+        register_exit_cleanup(child.id(), data);
+        Server::wait_ready(child)
+    }
+
+    fn wait_ready(mut child: Child) -> Server {
         let stderr = child.stderr.take().expect("piped stderr");
         let lines = std::sync::Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -88,10 +122,13 @@ impl Server {
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if let Some(addr) = parse_ready_line(&line) {
+                    let ready = parse_ready_line(&line);
+                    // Kept before it is announced: `stderr()` has the ready line once `start`
+                    // returns.
+                    lines.lock().expect("lines lock").push(line);
+                    if let Some(addr) = ready {
                         let _ = tx.send(addr);
                     }
-                    lines.lock().expect("lines lock").push(line);
                 }
             });
         }
@@ -114,9 +151,15 @@ impl Server {
                 );
             }
         };
+        // A server listening on every address is reached through loopback.
+        let reach = if addr.ip().is_unspecified() {
+            std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+        } else {
+            addr
+        };
         Server {
             child,
-            url: format!("http://{addr}"),
+            url: format!("http://{reach}"),
             addr,
             stderr_lines: lines,
         }
@@ -170,4 +213,257 @@ pub fn run_cli(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Spawns `command` from a thread that lives as long as the test process, with the parent-death
+/// signal set: when the process ends, however it ends, the child gets SIGKILL. (The signal
+/// follows the spawning *thread*, so a test thread, which ends with its test, must not spawn.)
+fn spawn_tied_to_this_process(command: Command) -> Child {
+    use std::os::unix::process::CommandExt;
+    use std::sync::mpsc;
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("e2e-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    // SAFETY: prctl(2) is async-signal-safe; it touches only the new process.
+                    unsafe {
+                        command.pre_exec(|| {
+                            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                                return Err(std::io::Error::last_os_error());
+                            }
+                            Ok(())
+                        });
+                    }
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("start the spawner thread");
+        Mutex::new(tx)
+    });
+    let (reply, answer) = mpsc::channel();
+    spawner
+        .lock()
+        .expect("spawner lock")
+        .send((command, reply))
+        .expect("spawner thread is alive");
+    answer
+        .recv()
+        .expect("spawner answers")
+        .expect("spawn vmplane serve")
+}
+
+/// Shared servers (pid, directory) to kill and remove when the test process exits normally.
+static SHARED: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+fn register_exit_cleanup(pid: u32, dir: PathBuf) {
+    static HOOK: OnceLock<()> = OnceLock::new();
+    HOOK.get_or_init(|| {
+        extern "C" fn cleanup() {
+            let Ok(mut shared) = SHARED.lock() else {
+                return;
+            };
+            for (pid, dir) in shared.drain(..) {
+                // SAFETY: kill(2) and waitpid(2) on our own child.
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                    libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+                }
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+        // SAFETY: registers a plain function without captured state.
+        unsafe { libc::atexit(cleanup) };
+    });
+    SHARED.lock().expect("shared lock").push((pid, dir));
+}
+
+/// The repository's root (holds `examples/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the repository")
+        .to_path_buf()
+}
+
+/// `shared/testdata/kubevirt`: real KubeVirt manifests (see its SOURCES.txt). `VMPLANE_TESTDATA`
+/// overrides the `shared/testdata` directory.
+pub fn kubevirt_testdata() -> PathBuf {
+    let base = std::env::var_os("VMPLANE_TESTDATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let beside = repo_root().join("../shared/testdata");
+            if beside.exists() {
+                beside
+            } else {
+                PathBuf::from("/work/shared/testdata")
+            }
+        });
+    base.join("kubevirt")
+}
+
+/// The `vmplane` client pointed at one server, with an optional token. The environment's
+/// `VMPLANE_SERVER` and `VMPLANE_TOKEN` are ignored.
+#[derive(Debug, Clone)]
+pub struct Cli {
+    server: String,
+    token: Option<String>,
+}
+
+impl Cli {
+    /// A client of `server` without a token.
+    pub fn new(server: &Server) -> Cli {
+        Cli::at(&server.url)
+    }
+
+    /// A client of the server at `url`.
+    pub fn at(url: &str) -> Cli {
+        Cli {
+            server: url.to_string(),
+            token: None,
+        }
+    }
+
+    /// The same client, sending `token`.
+    pub fn with_token(&self, token: &str) -> Cli {
+        Cli {
+            server: self.server.clone(),
+            token: Some(token.to_string()),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(vmplane_bin());
+        command
+            .args(args)
+            .arg("--server")
+            .arg(&self.server)
+            .env_remove("VMPLANE_SERVER")
+            .env_remove("VMPLANE_TOKEN");
+        if let Some(token) = &self.token {
+            command.arg("--token").arg(token);
+        }
+        command
+    }
+
+    /// Runs `vmplane ARGS... --server URL [--token T]` and returns (exit code, stdout, stderr).
+    pub fn run(&self, args: &[&str]) -> (i32, String, String) {
+        self.run_with_stdin(args, "")
+    }
+
+    /// Like [`Cli::run`], with `stdin` on standard input.
+    pub fn run_with_stdin(&self, args: &[&str], stdin: &str) -> (i32, String, String) {
+        use std::io::Write;
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run vmplane");
+        let mut input = child.stdin.take().expect("piped stdin");
+        let stdin = stdin.to_string();
+        let writer = std::thread::spawn(move || {
+            let _ = input.write_all(stdin.as_bytes());
+        });
+        let out = child.wait_with_output().expect("wait for vmplane");
+        let _ = writer.join();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Runs the command, asserts it succeeded, and returns its standard output.
+    #[track_caller]
+    pub fn ok(&self, args: &[&str]) -> String {
+        let (code, out, err) = self.run(args);
+        assert_eq!(
+            code, 0,
+            "vmplane {args:?} failed with {code}\nstdout:\n{out}\nstderr:\n{err}"
+        );
+        out
+    }
+
+    /// Runs the command, asserts it failed with exactly one `vmplane: error:` line on stderr,
+    /// and returns that line.
+    #[track_caller]
+    pub fn fails(&self, args: &[&str]) -> String {
+        let (code, out, err) = self.run(args);
+        assert!(
+            code != 0,
+            "vmplane {args:?} succeeded but should have failed\nstdout:\n{out}\nstderr:\n{err}"
+        );
+        one_error_line(&err)
+    }
+
+    /// Starts a long-running command (`watch`) with its standard output piped.
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn vmplane")
+    }
+}
+
+/// Asserts `stderr` holds exactly one line, starting `vmplane: error: `, and returns it.
+#[track_caller]
+pub fn one_error_line(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one error line on stderr, got:\n{stderr}"
+    );
+    assert!(
+        lines[0].starts_with("vmplane: error: "),
+        "the error line must start with `vmplane: error: `: {stderr}"
+    );
+    lines[0].to_string()
+}
+
+/// One principal of an `--auth` file: its token (stored only as a SHA-256 digest) and roles
+/// as `(role, namespaces)`.
+pub struct AuthToken<'a> {
+    /// Recorded as the actor of what it does.
+    pub principal: &'a str,
+    /// What the client sends.
+    pub token: &'a str,
+    /// `("admin", &[])`, `("edit", &["team-a"])`, `("view", &["shared"])`.
+    pub roles: &'a [(&'a str, &'a [&'a str])],
+}
+
+/// Writes an `--auth` file to `path` in INTERFACE.md's format: tokens as SHA-256 hex digests.
+pub fn write_auth_file(path: &Path, tokens: &[AuthToken<'_>]) {
+    use sha2::{Digest, Sha256};
+    let mut yaml = String::from("tokens:\n");
+    for t in tokens {
+        let digest = hex::encode(Sha256::digest(t.token.as_bytes()));
+        yaml.push_str(&format!(
+            "  - principal: {}\n    sha256: {digest}\n",
+            t.principal
+        ));
+        if t.roles.is_empty() {
+            yaml.push_str("    roles: []\n");
+            continue;
+        }
+        yaml.push_str("    roles:\n");
+        for (role, namespaces) in t.roles {
+            if namespaces.is_empty() {
+                yaml.push_str(&format!("      - {{role: {role}}}\n"));
+            } else {
+                yaml.push_str(&format!(
+                    "      - {{role: {role}, namespaces: [{}]}}\n",
+                    namespaces.join(", ")
+                ));
+            }
+        }
+    }
+    std::fs::write(path, yaml).expect("write the auth file");
 }

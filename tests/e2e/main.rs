@@ -1,5 +1,40 @@
 //! End-to-end tests of the real `vmplane` binary. One module per area.
 
+mod errors;
+mod features;
 mod fixtures;
+mod manifests;
 mod metrics;
+mod output;
+mod permissions;
 mod serve;
+mod walkthrough;
+mod watch;
+
+use std::sync::OnceLock;
+
+use vmplane_tests::Server;
+
+/// A server without `--auth` shared by the tests of several modules, each in its own
+/// namespaces (prefixed with its module's name).
+pub fn shared_server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| Server::start_shared(&[]))
+}
+
+/// A current-thread runtime for a test's gRPC calls.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A connected channel to `server`.
+pub async fn channel(server: &Server) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(server.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect to vmplane")
+}

@@ -1,0 +1,820 @@
+//! The committer: one task per [`crate::EtcdLog`] that turns concurrent appends into one etcd
+//! transaction per group (group commit), guarded by the global head key.
+//!
+//! Appenders queue their requests and sleep. The committer takes the first request and every
+//! other one already waiting, as long as the group fits one transaction (at most 128 entries in
+//! each of its compare, success and failure lists and about 1.2 MB in all; etcd refuses 129 and
+//! 1.5 MiB). It then:
+//!
+//! 1. makes sure its caches (stream heads, claim holders) cover the group. The caches are valid
+//!    *at the head it knows*: a missing key is read in one transaction together with the head,
+//!    and if the head moved (another server committed) every cache is dropped and re-read;
+//! 2. decides each request in order against the caches plus the effects of the requests before
+//!    it (a rejected request fails alone), exactly as the sled backend does;
+//! 3. sends one `Txn`: **if** `head == <known head>` and no event id of the group exists yet,
+//!    **then** put every event at `log/<pos>`, its id, its stream entry, the stream heads, the
+//!    claim changes, the time index and the new head; **else** get the head, `log/<first pos>`
+//!    and the group's id keys — one round trip that tells why it failed;
+//! 4. on success updates its caches and publishes the head; on failure learns the committed ids
+//!    (a retry after a timeout: decided as a replay next time), or that another server wrote
+//!    (caches dropped), and tries again. A request whose outcome stayed unknown (the transaction
+//!    timed out) is resent *identically*: if it had committed, `log/<first pos>` holds its first
+//!    event and the group succeeds.
+//!
+//! Every group has a deadline (its oldest request's arrival plus `unavailable_after`); past it
+//! the group fails with [`Error::Unavailable`] naming etcd.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+use vmplane_store::hash::event_hash;
+use vmplane_store::log::decide_claims;
+use vmplane_store::{AppendRequest, AppendResult, Error, Position, RecordedEventRef, Result};
+use vmplane_store::{Revision, Timestamp};
+
+use crate::codec;
+use crate::etcd::{Etcd, Failure, TXN_OPS_MAX, gets};
+use crate::keys::{Head, IdLocation, Keys, StreamEntry};
+use crate::{EtcdOptions, Shared};
+
+/// Bytes one group's transaction may carry (etcd refuses requests over 1.5 MiB).
+pub(crate) const GROUP_BYTES_MAX: usize = 1_200_000;
+/// Event ids remembered as committed (retries are decided without a round trip).
+const KNOWN_IDS_MAX: usize = 65_536;
+/// Times a group is decided again after the head moved under it before giving up.
+const GUARD_RETRIES_MAX: u32 = 64;
+
+/// One queued append.
+pub(crate) struct Pending {
+    pub request: AppendRequest,
+    pub arrived: Instant,
+    pub reply: oneshot::Sender<Result<AppendResult>>,
+}
+
+/// How the committer decided one request.
+enum Decision {
+    Reject(Error),
+    Replay(AppendResult),
+    Accept {
+        first_revision: Revision,
+        first_position: u64,
+        count: u64,
+        claims: Vec<(String, Option<String>)>,
+    },
+}
+
+/// The effects of the requests accepted so far in a group, on top of the caches.
+#[derive(Default)]
+struct Overlay {
+    heads: HashMap<String, Revision>,
+    claims: HashMap<String, Option<String>>,
+    ids: HashMap<Uuid, IdLocation>,
+    next_position: u64,
+}
+
+/// What one transaction would write, kept to apply it once etcd says yes.
+struct Plan {
+    txn: Txn,
+    head: Head,
+    first_id: Uuid,
+}
+
+/// The committer's state: the head it knows and caches valid at that head.
+pub(crate) struct Committer {
+    etcd: Etcd,
+    keys: Keys,
+    options: EtcdOptions,
+    shared: Arc<Shared>,
+    head: Head,
+    /// The caches may no longer match `head` (another server wrote, or an outcome is unknown).
+    stale: bool,
+    streams: HashMap<String, Option<Revision>>,
+    claims: HashMap<String, Option<String>>,
+    /// Committed ids (never removed from etcd, so never stale).
+    ids: HashMap<Uuid, IdLocation>,
+}
+
+/// How much of one transaction a group uses.
+#[derive(Default)]
+struct Budget {
+    success_ops: usize,
+    compares: usize,
+    reads: usize,
+    bytes: usize,
+}
+
+impl Budget {
+    fn cost(request: &AppendRequest) -> Budget {
+        let events = request.events.len();
+        let bytes: usize = request
+            .events
+            .iter()
+            .map(|e| {
+                e.payload.len()
+                    + e.actor.len()
+                    + e.event_type.len()
+                    + 3 * request.stream.len()
+                    + 400
+            })
+            .sum::<usize>()
+            + request
+                .claims
+                .iter()
+                .map(|c| 2 * (c.key().len() + c.owner().len()) + 64)
+                .sum::<usize>();
+        Budget {
+            // log + id per event, the stream entry, one per claim key
+            success_ops: 2 * events + 1 + request.claims.len(),
+            // each id (compare, and a get in the failure list)
+            compares: events,
+            // the stream's latest entry, each claim, each id (when some are known)
+            reads: 1 + request.claims.len() + events,
+            bytes,
+        }
+    }
+
+    /// Whether `more` still fits; the first request of a group always does.
+    fn fits(&self, more: &Budget) -> bool {
+        // Fixed per transaction: head and time index puts; head compare; head and first-log gets.
+        self.success_ops + more.success_ops + 2 <= TXN_OPS_MAX
+            && self.compares + more.compares + 2 <= TXN_OPS_MAX
+            && self.reads + more.reads < TXN_OPS_MAX
+            && self.bytes + more.bytes <= GROUP_BYTES_MAX
+    }
+
+    fn add(&mut self, more: Budget) {
+        self.success_ops += more.success_ops;
+        self.compares += more.compares;
+        self.reads += more.reads;
+        self.bytes += more.bytes;
+    }
+}
+
+impl Committer {
+    pub(crate) fn new(
+        etcd: Etcd,
+        keys: Keys,
+        options: EtcdOptions,
+        shared: Arc<Shared>,
+        head: Head,
+    ) -> Committer {
+        Committer {
+            etcd,
+            keys,
+            options,
+            shared,
+            head,
+            stale: false,
+            streams: HashMap::new(),
+            claims: HashMap::new(),
+            ids: HashMap::new(),
+        }
+    }
+
+    /// Commits groups until every sender is gone.
+    pub(crate) async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Pending>) {
+        let mut carried: Option<Pending> = None;
+        loop {
+            let first = match carried.take() {
+                Some(pending) => pending,
+                None => match queue.recv().await {
+                    Some(pending) => pending,
+                    None => return,
+                },
+            };
+            let mut budget = Budget::default();
+            budget.add(Budget::cost(&first.request));
+            let mut group = vec![first];
+            while let Ok(next) = queue.try_recv() {
+                let cost = Budget::cost(&next.request);
+                if budget.fits(&cost) {
+                    budget.add(cost);
+                    group.push(next);
+                } else {
+                    carried = Some(next);
+                    break;
+                }
+            }
+            let requests: Vec<&AppendRequest> = group.iter().map(|p| &p.request).collect();
+            let deadline = group
+                .iter()
+                .map(|p| p.arrived)
+                .min()
+                .unwrap_or_else(Instant::now)
+                + self.options.unavailable_after;
+            let results = self.commit_group(&requests, deadline).await;
+            for (pending, result) in group.into_iter().zip(results) {
+                // The appender may have given up (its thread panicked); nothing to do then.
+                let _ = pending.reply.send(result);
+            }
+        }
+    }
+
+    /// Decides and commits one group; returns each request's result, in order.
+    async fn commit_group(
+        &mut self,
+        group: &[&AppendRequest],
+        deadline: Instant,
+    ) -> Vec<Result<AppendResult>> {
+        let mut guard_failures = 0u32;
+        // Ids looked up during this group and not found.
+        let mut absent: HashSet<Uuid> = HashSet::new();
+        loop {
+            if self.shared.head() > self.head.position {
+                // The head watch saw another server's commit.
+                self.stale = true;
+            }
+            if let Err(failure) = self.load(group, deadline).await {
+                self.stale = true;
+                return group
+                    .iter()
+                    .map(|_| Err(failure.clone().into_error()))
+                    .collect();
+            }
+            let mut overlay = Overlay {
+                next_position: self.head.position + 1,
+                ..Overlay::default()
+            };
+            let decisions: Vec<Decision> = group
+                .iter()
+                .map(|request| {
+                    let decision = self.decide(&overlay, request);
+                    if let Decision::Accept {
+                        first_revision,
+                        first_position,
+                        claims,
+                        ..
+                    } = &decision
+                    {
+                        overlay.accept(request, *first_revision, *first_position, claims);
+                    }
+                    decision
+                })
+                .collect();
+            // A request about to be rejected may be a retry of a committed append, which must
+            // replay instead: look its unknown ids up in etcd first, then decide again.
+            let unchecked: Vec<Uuid> = group
+                .iter()
+                .zip(&decisions)
+                .filter(|(_, d)| {
+                    matches!(
+                        d,
+                        Decision::Reject(Error::Conflict { .. } | Error::ClaimTaken { .. })
+                    )
+                })
+                .flat_map(|(request, _)| request.events.iter().map(|e| e.id))
+                .filter(|id| !self.ids.contains_key(id) && !absent.contains(id))
+                .collect();
+            if !unchecked.is_empty() {
+                if let Err(failure) = self.look_up_ids(&unchecked, &mut absent, deadline).await {
+                    return group
+                        .iter()
+                        .map(|_| Err(failure.clone().into_error()))
+                        .collect();
+                }
+                continue;
+            }
+            if overlay.next_position == self.head.position + 1 {
+                return decisions.into_iter().map(Decision::into_result).collect();
+            }
+            let plan = self.plan(group, &decisions, &overlay);
+            let sent = Instant::now();
+            let response = self
+                .etcd
+                .txn("committing appends", deadline, plan.txn.clone())
+                .await;
+            self.shared
+                .commit_micros
+                .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
+            let response = match response {
+                Ok(response) => response,
+                Err(failure) => {
+                    // The outcome of the last attempt is unknown: the appenders retry with the
+                    // same event ids, which the idempotency rule makes safe.
+                    self.stale = true;
+                    let reason = match &failure {
+                        Failure::Unavailable(reason) => format!(
+                            "{reason}; the append may or may not be committed: retry it with the \
+                             same event ids"
+                        ),
+                        Failure::Refused { reason, .. } => reason.clone(),
+                    };
+                    return decisions
+                        .into_iter()
+                        .map(|decision| match decision {
+                            Decision::Reject(err) => Err(err),
+                            Decision::Replay(result) => Ok(result),
+                            Decision::Accept { .. } => Err(match &failure {
+                                Failure::Unavailable(_) => Error::Unavailable {
+                                    reason: reason.clone(),
+                                },
+                                Failure::Refused { context, .. } => Error::Storage {
+                                    context,
+                                    reason: reason.clone(),
+                                },
+                            }),
+                        })
+                        .collect();
+                }
+            };
+            if response.succeeded() {
+                self.apply(plan.head, overlay);
+                return decisions.into_iter().map(Decision::into_result).collect();
+            }
+            // The guard failed: the failure list read the head, log/<first pos> and the ids.
+            self.shared.guard_failures.fetch_add(1, Ordering::Relaxed);
+            let values = gets(&response);
+            let found_head = match values.first().cloned().flatten() {
+                Some(kv) => Head::decode(kv.value()),
+                None => Ok(Head::EMPTY),
+            };
+            let ours = values
+                .get(1)
+                .cloned()
+                .flatten()
+                .and_then(|kv| codec::stored_id(kv.value()))
+                == Some(plan.first_id);
+            if ours {
+                // An earlier attempt of this very transaction committed (its answer was lost).
+                let moved_on = found_head
+                    .as_ref()
+                    .map(|h| h.position > plan.head.position)
+                    .unwrap_or(true);
+                self.apply(plan.head, overlay);
+                self.stale |= moved_on;
+                return decisions.into_iter().map(Decision::into_result).collect();
+            }
+            let ids: Vec<Uuid> = overlay.ids.keys().copied().collect();
+            let mut learned = false;
+            for kv in values.iter().skip(2).flatten() {
+                if let Some(id) = ids.iter().find(|id| self.keys.id(id) == kv.key()) {
+                    match IdLocation::decode(id, kv.value()) {
+                        Ok(location) => {
+                            self.ids.insert(*id, location);
+                            learned = true;
+                        }
+                        Err(err) => {
+                            return group
+                                .iter()
+                                .map(|_| {
+                                    Err(Error::Damaged {
+                                        reason: err.to_string(),
+                                    })
+                                })
+                                .collect();
+                        }
+                    }
+                }
+            }
+            if found_head.as_ref().ok() != Some(&self.head) {
+                self.stale = true;
+                guard_failures += 1;
+            } else if !learned {
+                // Neither the head nor an id explains the failure: the caches are suspect.
+                self.stale = true;
+                guard_failures += 1;
+            }
+            if guard_failures > GUARD_RETRIES_MAX || Instant::now() >= deadline {
+                return group
+                    .iter()
+                    .map(|_| {
+                        Err(Error::Unavailable {
+                            reason: format!(
+                                "etcd: the log's head kept moving under this committer \
+                                 ({guard_failures} attempts): other servers are committing"
+                            ),
+                        })
+                    })
+                    .collect();
+            }
+        }
+    }
+
+    /// Makes the caches cover every stream and claim of `group` (and the unknown ids of requests
+    /// with some known ids), all valid at `self.head`.
+    async fn load(&mut self, group: &[&AppendRequest], deadline: Instant) -> Result<(), Failure> {
+        if self.ids.len() > KNOWN_IDS_MAX {
+            self.ids.clear();
+        }
+        for _ in 0..8 {
+            if self.stale {
+                self.streams.clear();
+                self.claims.clear();
+            }
+            let mut streams: Vec<&str> = Vec::new();
+            let mut claims: Vec<&str> = Vec::new();
+            let mut ids: Vec<Uuid> = Vec::new();
+            for request in group {
+                if !self.streams.contains_key(&request.stream)
+                    && !streams.contains(&request.stream.as_str())
+                {
+                    streams.push(&request.stream);
+                }
+                for claim in &request.claims {
+                    if !self.claims.contains_key(claim.key()) && !claims.contains(&claim.key()) {
+                        claims.push(claim.key());
+                    }
+                }
+                let known = request
+                    .events
+                    .iter()
+                    .filter(|e| self.ids.contains_key(&e.id))
+                    .count();
+                if known > 0 && known < request.events.len() {
+                    ids.extend(
+                        request
+                            .events
+                            .iter()
+                            .filter(|e| !self.ids.contains_key(&e.id))
+                            .map(|e| e.id),
+                    );
+                }
+            }
+            if !self.stale && streams.is_empty() && claims.is_empty() && ids.is_empty() {
+                return Ok(());
+            }
+            let mut ops = vec![TxnOp::get(self.keys.head(), None)];
+            ops.extend(streams.iter().map(|s| {
+                let (key, options) = self.keys.latest_entry_read(s);
+                TxnOp::get(key, Some(options))
+            }));
+            ops.extend(claims.iter().map(|k| TxnOp::get(self.keys.claim(k), None)));
+            ops.extend(ids.iter().map(|id| TxnOp::get(self.keys.id(id), None)));
+            let response = self
+                .etcd
+                .txn(
+                    "reading stream heads and claims",
+                    deadline,
+                    Txn::new().and_then(ops),
+                )
+                .await?;
+            let values = gets(&response);
+            let damaged = |reason: String| Failure::Refused {
+                context: "reading stream heads and claims",
+                reason,
+            };
+            let head = match values.first().cloned().flatten() {
+                Some(kv) => Head::decode(kv.value()).map_err(|e| damaged(e.to_string()))?,
+                None => Head::EMPTY,
+            };
+            let mut values = values.into_iter().skip(1);
+            let moved = self.stale || head != self.head;
+            if moved {
+                self.streams.clear();
+                self.claims.clear();
+                self.head = head;
+                self.stale = false;
+                // Another server's commits are durable too: waiters may see them now.
+                self.shared.publish(head.position);
+            }
+            for stream in &streams {
+                let revision = match values.next().flatten() {
+                    Some(kv) => Some(
+                        self.keys
+                            .parse_entry(stream, kv.key(), kv.value())
+                            .map_err(|e| damaged(e.to_string()))?
+                            .last_revision(),
+                    ),
+                    None => None,
+                };
+                self.streams.insert((*stream).to_owned(), revision);
+            }
+            for key in &claims {
+                let holder = match values.next().flatten() {
+                    Some(kv) => Some(
+                        String::from_utf8(kv.value().to_vec())
+                            .map_err(|_| damaged(format!("claim {key} holds non-UTF-8 bytes")))?,
+                    ),
+                    None => None,
+                };
+                self.claims.insert((*key).to_owned(), holder);
+            }
+            for id in &ids {
+                if let Some(kv) = values.next().flatten() {
+                    let location =
+                        IdLocation::decode(id, kv.value()).map_err(|e| damaged(e.to_string()))?;
+                    self.ids.insert(*id, location);
+                }
+            }
+            if !moved {
+                return Ok(());
+            }
+            // The head moved: what was cached before was dropped; read what is still missing.
+        }
+        Err(Failure::Unavailable(
+            "etcd: the log's head kept moving while reading stream heads: other servers are \
+             committing"
+                .into(),
+        ))
+    }
+
+    /// Reads `ids` from etcd: found ones become known, the others `absent`.
+    async fn look_up_ids(
+        &mut self,
+        ids: &[Uuid],
+        absent: &mut HashSet<Uuid>,
+        deadline: Instant,
+    ) -> Result<(), Failure> {
+        let reads = ids.iter().map(|id| (self.keys.id(id), None)).collect();
+        let found = self
+            .etcd
+            .read_many("looking up event ids", deadline, reads)
+            .await?;
+        for (id, kvs) in ids.iter().zip(found) {
+            match kvs.first() {
+                Some(kv) => {
+                    let location =
+                        IdLocation::decode(id, kv.value()).map_err(|err| Failure::Refused {
+                            context: "looking up event ids",
+                            reason: err.to_string(),
+                        })?;
+                    self.ids.insert(*id, location);
+                }
+                None => {
+                    absent.insert(*id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How `request` fares against the caches plus the group's earlier effects.
+    fn decide(&self, overlay: &Overlay, request: &AppendRequest) -> Decision {
+        let locations: Vec<Option<&IdLocation>> = request
+            .events
+            .iter()
+            .map(|e| overlay.ids.get(&e.id).or_else(|| self.ids.get(&e.id)))
+            .collect();
+        let committed = locations.iter().filter(|l| l.is_some()).count();
+        if committed == request.events.len() {
+            return replay_or_reuse(request, &locations);
+        }
+        if committed > 0 {
+            let (done, not_done): (Vec<_>, Vec<_>) = request
+                .events
+                .iter()
+                .zip(&locations)
+                .partition(|(_, location)| location.is_some());
+            return Decision::Reject(Error::PartiallyCommitted {
+                stream: request.stream.clone(),
+                committed: done.into_iter().map(|(e, _)| e.id).collect(),
+                not_written: not_done.into_iter().map(|(e, _)| e.id).collect(),
+            });
+        }
+        // `load` put every stream and claim of the group in the caches; deciding without one
+        // would guess, so a missing one fails the request instead.
+        let not_loaded = |what: String| {
+            Decision::Reject(Error::Storage {
+                context: "deciding an append",
+                reason: format!("{what} was not loaded from etcd"),
+            })
+        };
+        let actual = match overlay.heads.get(&request.stream) {
+            Some(revision) => Some(*revision),
+            None => match self.streams.get(&request.stream) {
+                Some(revision) => *revision,
+                None => return not_loaded(format!("the revision of stream {}", request.stream)),
+            },
+        };
+        if !request.expected.admits(actual) {
+            return Decision::Reject(Error::Conflict {
+                stream: request.stream.clone(),
+                expected: request.expected,
+                actual,
+                not_written: request.event_ids(),
+            });
+        }
+        if let Some(claim) = request
+            .claims
+            .iter()
+            .find(|c| !overlay.claims.contains_key(c.key()) && !self.claims.contains_key(c.key()))
+        {
+            return not_loaded(format!("the holder of claim {}", claim.key()));
+        }
+        let holder = |key: &str| match overlay.claims.get(key) {
+            Some(change) => change.clone(),
+            None => self.claims.get(key).cloned().flatten(),
+        };
+        match decide_claims(&request.claims, &holder) {
+            Err((key, holder)) => Decision::Reject(Error::ClaimTaken {
+                key,
+                holder,
+                not_written: request.event_ids(),
+            }),
+            Ok(claims) => Decision::Accept {
+                first_revision: actual.unwrap_or(0) + 1,
+                first_position: overlay.next_position,
+                count: request.events.len() as u64,
+                claims,
+            },
+        }
+    }
+
+    /// The group's transaction.
+    fn plan(&self, group: &[&AppendRequest], decisions: &[Decision], overlay: &Overlay) -> Plan {
+        let keys = &self.keys;
+        let recorded_at = Timestamp::now().0.max(self.head.recorded_at);
+        let mut compares = vec![if self.head.position == 0 {
+            Compare::version(keys.head(), CompareOp::Equal, 0)
+        } else {
+            Compare::value(keys.head(), CompareOp::Equal, self.head.encode())
+        }];
+        let first_position = self.head.position + 1;
+        let mut success = Vec::new();
+        let mut failure = vec![
+            TxnOp::get(keys.head(), None),
+            TxnOp::get(keys.log(first_position), None),
+        ];
+        let mut prev_hash = self.head.hash;
+        let mut first_id = None;
+        for (request, decision) in group.iter().zip(decisions) {
+            let Decision::Accept {
+                first_revision,
+                first_position: request_first,
+                count,
+                ..
+            } = decision
+            else {
+                continue;
+            };
+            for (offset, proposed) in request.events.iter().enumerate() {
+                let position = request_first + offset as u64;
+                let revision = first_revision + offset as u64;
+                let mut event = RecordedEventRef {
+                    position: Position(position),
+                    stream: &request.stream,
+                    revision,
+                    id: proposed.id,
+                    recorded_at: Timestamp(recorded_at),
+                    actor: &proposed.actor,
+                    correlation_id: proposed.correlation_id,
+                    causation_id: proposed.causation_id,
+                    event_type: &proposed.event_type,
+                    schema_version: proposed.schema_version,
+                    payload: &proposed.payload,
+                    prev_hash: &prev_hash,
+                    hash: &[0; 32],
+                };
+                let hash = event_hash(&event);
+                event.hash = &hash;
+                success.push(TxnOp::put(keys.log(position), codec::encode(&event), None));
+                let location = IdLocation {
+                    position,
+                    revision,
+                    stream: request.stream.clone(),
+                };
+                success.push(TxnOp::put(keys.id(&proposed.id), location.encode(), None));
+                compares.push(Compare::create_revision(
+                    keys.id(&proposed.id),
+                    CompareOp::Equal,
+                    0,
+                ));
+                failure.push(TxnOp::get(keys.id(&proposed.id), None));
+                first_id.get_or_insert(proposed.id);
+                prev_hash = hash;
+            }
+            let entry = StreamEntry {
+                first_revision: *first_revision,
+                first_position: *request_first,
+                count: *count,
+            };
+            success.push(TxnOp::put(
+                keys.stream_entry(&request.stream, *first_revision),
+                entry.encode_value(),
+                None,
+            ));
+        }
+        for (key, owner) in &overlay.claims {
+            success.push(match owner {
+                Some(owner) => TxnOp::put(keys.claim(key), owner.clone(), None),
+                None => TxnOp::delete(keys.claim(key), None),
+            });
+        }
+        let last_position = overlay.next_position - 1;
+        let head = Head {
+            position: last_position,
+            hash: prev_hash,
+            recorded_at,
+        };
+        success.push(TxnOp::put(
+            keys.time(Timestamp(recorded_at), first_position),
+            Vec::new(),
+            None,
+        ));
+        success.push(TxnOp::put(keys.head(), head.encode(), None));
+        Plan {
+            txn: Txn::new().when(compares).and_then(success).or_else(failure),
+            head,
+            first_id: first_id.unwrap_or_default(),
+        }
+    }
+
+    /// The group is committed: the caches take its effects and the head is published.
+    fn apply(&mut self, head: Head, overlay: Overlay) {
+        debug_assert_eq!(head.position + 1, overlay.next_position);
+        self.head = head;
+        for (stream, revision) in overlay.heads {
+            self.streams.insert(stream, Some(revision));
+        }
+        for (key, owner) in overlay.claims {
+            self.claims.insert(key, owner);
+        }
+        let events = overlay.ids.len() as u64;
+        self.ids.extend(overlay.ids);
+        self.shared.commits.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .committed_events
+            .fetch_add(events, Ordering::Relaxed);
+        self.shared.publish(head.position);
+    }
+}
+
+impl Overlay {
+    fn accept(
+        &mut self,
+        request: &AppendRequest,
+        first_revision: Revision,
+        first_position: u64,
+        claims: &[(String, Option<String>)],
+    ) {
+        let count = request.events.len() as u64;
+        for (offset, event) in request.events.iter().enumerate() {
+            self.ids.insert(
+                event.id,
+                IdLocation {
+                    position: first_position + offset as u64,
+                    revision: first_revision + offset as u64,
+                    stream: request.stream.clone(),
+                },
+            );
+        }
+        self.heads
+            .insert(request.stream.clone(), first_revision + count - 1);
+        for (key, owner) in claims {
+            self.claims.insert(key.clone(), owner.clone());
+        }
+        self.next_position = first_position + count;
+    }
+}
+
+impl Decision {
+    fn into_result(self) -> Result<AppendResult> {
+        match self {
+            Decision::Reject(err) => Err(err),
+            Decision::Replay(result) => Ok(result),
+            Decision::Accept {
+                first_revision,
+                first_position,
+                count,
+                ..
+            } => Ok(AppendResult {
+                first_position: Position(first_position),
+                last_position: Position(first_position + count - 1),
+                first_revision,
+                last_revision: first_revision + count - 1,
+                replayed: false,
+            }),
+        }
+    }
+}
+
+/// Every id is committed: a retry of this very append (same stream, consecutive, where the
+/// expectation puts it) replays; anything else is reuse of ids. The same rule as the sled backend.
+fn replay_or_reuse(request: &AppendRequest, locations: &[Option<&IdLocation>]) -> Decision {
+    let Some(Some(first)) = locations.first() else {
+        return Decision::Reject(Error::InvalidRequest {
+            reason: "an append needs events".into(),
+        });
+    };
+    let starts_right = request
+        .expected
+        .first_revision()
+        .is_none_or(|r| r == first.revision);
+    for (offset, (event, location)) in request.events.iter().zip(locations).enumerate() {
+        let Some(location) = location else { continue };
+        let in_place = location.stream == request.stream
+            && location.position == first.position + offset as u64
+            && location.revision == first.revision + offset as u64;
+        if !(in_place && starts_right) {
+            return Decision::Reject(Error::EventIdReused {
+                stream: request.stream.clone(),
+                id: event.id,
+                position: Position(location.position),
+                not_written: request.event_ids(),
+            });
+        }
+    }
+    let count = request.events.len() as u64;
+    Decision::Replay(AppendResult {
+        first_position: Position(first.position),
+        last_position: Position(first.position + count - 1),
+        first_revision: first.revision,
+        last_revision: first.revision + count - 1,
+        replayed: true,
+    })
+}

@@ -1,0 +1,283 @@
+//! The thin etcd client made fault tolerant, because `etcd-client` is not: every call has a
+//! per-request deadline, is retried on transport errors, on "no leader" and on timeouts until an
+//! overall deadline, and then fails as [`Error::Unavailable`] naming etcd and the last cause.
+//! Requests carry `require_leader`, so a member cut off from the quorum answers at once instead of
+//! hanging. A retried write is safe because every write is a compare-and-swap on the head.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KeyValue, KvClient, Txn};
+use etcd_client::{TxnOp, TxnOpResponse, TxnResponse};
+use tonic::Code;
+use vmplane_store::Error;
+
+/// Responses hold at most `read_page_events_max` events of at most 1 MiB each.
+const DECODING_MESSAGE_BYTES_MAX: usize = 320 << 20;
+
+/// Distinct failure causes an `Unavailable` error quotes.
+const CAUSES_SHOWN_MAX: usize = 3;
+
+/// A connection to one etcd cluster.
+#[derive(Clone)]
+pub(crate) struct Etcd {
+    client: Client,
+    kv: KvClient,
+    endpoints: String,
+    request_timeout: Duration,
+}
+
+/// Why a call failed, before it becomes a store [`Error`]: cloneable, so one failure can answer
+/// every append of a group.
+#[derive(Clone, Debug)]
+pub(crate) enum Failure {
+    /// The cluster did not answer usefully before the deadline.
+    Unavailable(String),
+    /// etcd refused the request for a reason a retry will not change.
+    Refused {
+        context: &'static str,
+        reason: String,
+    },
+}
+
+impl Failure {
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            Failure::Unavailable(reason) => Error::Unavailable { reason },
+            Failure::Refused { context, reason } => Error::Storage { context, reason },
+        }
+    }
+}
+
+impl From<Failure> for Error {
+    fn from(failure: Failure) -> Error {
+        failure.into_error()
+    }
+}
+
+enum Verdict {
+    Retry(String),
+    Refuse(String),
+    Full(String),
+}
+
+fn judge(err: &etcd_client::Error) -> Verdict {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => {
+            let message = status.message().to_owned();
+            match status.code() {
+                Code::InvalidArgument
+                | Code::FailedPrecondition
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::NotFound
+                | Code::AlreadyExists
+                | Code::Unimplemented
+                | Code::OutOfRange => Verdict::Refuse(format!("{:?}: {message}", status.code())),
+                Code::ResourceExhausted => Verdict::Full(message),
+                code => Verdict::Retry(format!("{code:?}: {message}")),
+            }
+        }
+        other => Verdict::Retry(other.to_string()),
+    }
+}
+
+impl Etcd {
+    /// Connects lazily: nothing is contacted until the first call.
+    pub(crate) async fn connect(
+        endpoints: &[String],
+        request_timeout: Duration,
+    ) -> Result<Etcd, Failure> {
+        let options = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(request_timeout.min(Duration::from_secs(1)));
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|err| Failure::Refused {
+                context: "connecting to etcd",
+                reason: format!("{}: {err}", endpoints.join(",")),
+            })?;
+        let kv = client
+            .kv_client()
+            .max_decoding_message_size(DECODING_MESSAGE_BYTES_MAX);
+        Ok(Etcd {
+            client,
+            kv,
+            endpoints: endpoints.join(","),
+            request_timeout,
+        })
+    }
+
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// Runs `call` until it succeeds, is refused, or `deadline` passes.
+    pub(crate) async fn retry<T, F, Fut>(
+        &self,
+        what: &'static str,
+        deadline: Instant,
+        mut call: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnMut(KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let started = Instant::now();
+        // The distinct causes seen, most recent last (a dead member's "connection refused"
+        // alone would hide the survivor's "no leader").
+        let mut causes: Vec<String> = Vec::new();
+        let mut attempt = 0u32;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                let causes = if causes.is_empty() {
+                    "no attempt was made".to_owned()
+                } else {
+                    causes.join("; ")
+                };
+                return Err(Failure::Unavailable(format!(
+                    "etcd cluster [{}] unavailable while {what} (gave up after {} ms, {attempt} \
+                     attempts): {causes}",
+                    self.endpoints,
+                    started.elapsed().as_millis()
+                )));
+            }
+            let budget = self.request_timeout.min(deadline - now);
+            let last = match tokio::time::timeout(budget, call(self.kv.clone())).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) => match judge(&err) {
+                    Verdict::Retry(reason) => reason,
+                    Verdict::Refuse(reason) => {
+                        return Err(Failure::Refused {
+                            context: what,
+                            reason: format!("etcd refused the request: {reason}"),
+                        });
+                    }
+                    Verdict::Full(reason) => {
+                        return Err(Failure::Unavailable(format!(
+                            "etcd cluster [{}] is out of space while {what} ({reason}): \
+                             compact, defragment and disarm the NOSPACE alarm",
+                            self.endpoints
+                        )));
+                    }
+                },
+                Err(_) => format!("no answer within {} ms", budget.as_millis()),
+            };
+            causes.retain(|cause| *cause != last);
+            causes.push(last);
+            if causes.len() > CAUSES_SHOWN_MAX {
+                causes.remove(0);
+            }
+            attempt += 1;
+            // Connection refused comes back at once: retry soon, but do not spin.
+            let pause = Duration::from_millis((5u64 << attempt.min(6)).min(200));
+            let left = deadline.saturating_duration_since(Instant::now());
+            tokio::time::sleep(pause.min(left)).await;
+        }
+    }
+
+    /// One key, or `None`.
+    pub(crate) async fn get(
+        &self,
+        what: &'static str,
+        deadline: Instant,
+        key: Vec<u8>,
+    ) -> Result<Option<KeyValue>, Failure> {
+        let mut response = self
+            .retry(what, deadline, |mut kv| {
+                let key = key.clone();
+                async move { kv.get(key, None).await }
+            })
+            .await?;
+        Ok(response.take_kvs().into_iter().next())
+    }
+
+    /// Keys in `[from, end)`, at most `limit` (0 = no limit), in key order.
+    pub(crate) async fn range(
+        &self,
+        what: &'static str,
+        deadline: Instant,
+        from: Vec<u8>,
+        end: Vec<u8>,
+        options: GetOptions,
+    ) -> Result<GetResponse, Failure> {
+        self.retry(what, deadline, |mut kv| {
+            let from = from.clone();
+            let options = options.clone().with_range(end.clone());
+            async move { kv.get(from, Some(options)).await }
+        })
+        .await
+    }
+
+    /// Runs `txn`, retrying the identical request (safe: every write compares the head).
+    pub(crate) async fn txn(
+        &self,
+        what: &'static str,
+        deadline: Instant,
+        txn: Txn,
+    ) -> Result<TxnResponse, Failure> {
+        self.retry(what, deadline, |mut kv| {
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Reads `keys` (each a point get or, with an end, a range) in one round trip per 128 keys;
+    /// returns each one's key-values in order.
+    pub(crate) async fn read_many(
+        &self,
+        what: &'static str,
+        deadline: Instant,
+        reads: Vec<(Vec<u8>, Option<GetOptions>)>,
+    ) -> Result<Vec<Vec<KeyValue>>, Failure> {
+        let mut out = Vec::with_capacity(reads.len());
+        for chunk in reads.chunks(TXN_OPS_MAX) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(key, options)| TxnOp::get(key.clone(), options.clone()))
+                .collect();
+            let response = self.txn(what, deadline, Txn::new().and_then(ops)).await?;
+            let responses = response.op_responses();
+            if responses.len() != chunk.len() {
+                return Err(Failure::Refused {
+                    context: what,
+                    reason: format!("etcd answered {} of {} reads", responses.len(), chunk.len()),
+                });
+            }
+            for op in responses {
+                match op {
+                    TxnOpResponse::Get(mut get) => out.push(get.take_kvs()),
+                    _ => {
+                        return Err(Failure::Refused {
+                            context: what,
+                            reason: "etcd answered a read with a write".into(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// etcd's default `--max-txn-ops`: each of a transaction's compare, success and failure lists
+/// holds at most this many entries.
+pub(crate) const TXN_OPS_MAX: usize = 128;
+
+/// The values of a transaction's get responses (failure branch or read-only transaction).
+pub(crate) fn gets(response: &TxnResponse) -> Vec<Option<KeyValue>> {
+    response
+        .op_responses()
+        .into_iter()
+        .map(|op| match op {
+            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+            _ => None,
+        })
+        .collect()
+}

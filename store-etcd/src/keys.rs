@@ -1,0 +1,336 @@
+//! The key layout under one namespace, and the small text values stored at the index keys.
+//!
+//! ```text
+//! <ns>/v1/head                                  "<pos:020>:<hash hex>:<recorded_at>"  the CAS word
+//! <ns>/v1/log/<pos:020>                         event envelope (codec.rs)  immutable, create-only
+//! <ns>/v1/id/<uuid>                             "<pos:020>:<rev:020>:<stream>"           immutable
+//! <ns>/v1/stream/<len:04>/<stream>/<!rev:020>   "<pos:020>:<count>"  one per append, immutable
+//! <ns>/v1/claim/<key>                           owner                          put / deleted
+//! <ns>/v1/time/<recorded_at:020>/<pos:020>      ""  one per committed batch (its first position)
+//! ```
+//!
+//! Numbers are zero-padded so key order is numeric order. A stream's entries are keyed by the
+//! *complement* of their first revision (`u64::MAX - rev`), so the stream's latest entry is the
+//! first key of its range: its revision is one `limit 1` range away, with no separate mutable
+//! stream-head key to write on every append (etcd's sorted ranges read the whole range, so a
+//! descending sort is never used). A stream's keys carry the name's length first, so no stream's
+//! range holds another's keys (`s` and `s/0`, `s` and `s2`). `recorded_at` (signed nanoseconds) is
+//! stored offset by 2^63 so it sorts as unsigned.
+
+use uuid::Uuid;
+use vmplane_store::{Error, Position, Result, Revision, Timestamp};
+
+/// The keys of one log, all under `<namespace>/v1/`.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    root: String,
+}
+
+impl Keys {
+    pub(crate) fn new(namespace: &str) -> Keys {
+        Keys {
+            root: format!("{}/v1/", namespace.trim_end_matches('/')),
+        }
+    }
+
+    pub(crate) fn head(&self) -> Vec<u8> {
+        format!("{}head", self.root).into_bytes()
+    }
+
+    pub(crate) fn log(&self, position: u64) -> Vec<u8> {
+        format!("{}log/{position:020}", self.root).into_bytes()
+    }
+
+    pub(crate) fn log_prefix(&self) -> Vec<u8> {
+        format!("{}log/", self.root).into_bytes()
+    }
+
+    /// The position a `log/` key names.
+    pub(crate) fn log_position(&self, key: &[u8]) -> Option<u64> {
+        let rest = key.strip_prefix(self.log_prefix().as_slice())?;
+        parse_u64(rest)
+    }
+
+    pub(crate) fn id(&self, id: &Uuid) -> Vec<u8> {
+        format!("{}id/{}", self.root, id.as_hyphenated()).into_bytes()
+    }
+
+    /// The prefix of every index entry of `stream`.
+    pub(crate) fn stream_prefix(&self, stream: &str) -> Vec<u8> {
+        format!("{}stream/{:04}/{stream}/", self.root, stream.len()).into_bytes()
+    }
+
+    pub(crate) fn stream_entry(&self, stream: &str, first_revision: Revision) -> Vec<u8> {
+        let mut key = self.stream_prefix(stream);
+        key.extend_from_slice(format!("{:020}", u64::MAX - first_revision).as_bytes());
+        key
+    }
+
+    /// The first revision a stream entry key names.
+    pub(crate) fn stream_entry_revision(&self, stream: &str, key: &[u8]) -> Option<Revision> {
+        let inverted = parse_u64(key.strip_prefix(self.stream_prefix(stream).as_slice())?)?;
+        Some(u64::MAX - inverted)
+    }
+
+    /// Reads a range over the stream's entries that returns only its latest one.
+    pub(crate) fn latest_entry_read(&self, stream: &str) -> (Vec<u8>, etcd_client::GetOptions) {
+        let prefix = self.stream_prefix(stream);
+        let end = prefix_end(&prefix);
+        (
+            prefix,
+            etcd_client::GetOptions::new().with_range(end).with_limit(1),
+        )
+    }
+
+    /// The stream entry stored at `key` with `value`.
+    pub(crate) fn parse_entry(
+        &self,
+        stream: &str,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<StreamEntry> {
+        let revision = self
+            .stream_entry_revision(stream, key)
+            .ok_or_else(|| Error::Damaged {
+                reason: format!("a malformed index key of stream {stream}"),
+            })?;
+        StreamEntry::decode(stream, revision, value)
+    }
+
+    pub(crate) fn claim(&self, key: &str) -> Vec<u8> {
+        format!("{}claim/{key}", self.root).into_bytes()
+    }
+
+    pub(crate) fn time(&self, at: Timestamp, first_position: u64) -> Vec<u8> {
+        format!(
+            "{}time/{:020}/{first_position:020}",
+            self.root,
+            time_order(at)
+        )
+        .into_bytes()
+    }
+
+    pub(crate) fn time_prefix(&self) -> Vec<u8> {
+        format!("{}time/", self.root).into_bytes()
+    }
+
+    /// The first position a `time/` key names.
+    pub(crate) fn time_position(&self, key: &[u8]) -> Option<u64> {
+        let rest = key.strip_prefix(self.time_prefix().as_slice())?;
+        if rest.len() != 41 || rest[20] != b'/' {
+            return None;
+        }
+        parse_u64(&rest[21..])
+    }
+}
+
+fn time_order(at: Timestamp) -> u64 {
+    (at.0 as u64) ^ (1 << 63)
+}
+
+fn parse_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The smallest key after `key`: makes an inclusive range end exclusive.
+pub(crate) fn key_after(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
+}
+
+/// The global head: the last position, its hash and its `recorded_at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Head {
+    pub position: u64,
+    pub hash: [u8; 32],
+    pub recorded_at: i64,
+}
+
+impl Head {
+    pub(crate) const EMPTY: Head = Head {
+        position: 0,
+        hash: vmplane_store::hash::GENESIS_PREV_HASH,
+        recorded_at: i64::MIN,
+    };
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        format!(
+            "{:020}:{}:{}",
+            self.position,
+            hex::encode(self.hash),
+            self.recorded_at
+        )
+        .into_bytes()
+    }
+
+    pub(crate) fn decode(value: &[u8]) -> Result<Head> {
+        let damaged = || Error::Damaged {
+            reason: format!(
+                "the etcd head key holds {:?}, not <position>:<hash>:<recorded_at>",
+                String::from_utf8_lossy(&value[..value.len().min(200)])
+            ),
+        };
+        let text = std::str::from_utf8(value).map_err(|_| damaged())?;
+        let mut parts = text.splitn(3, ':');
+        let (Some(position), Some(hash), Some(recorded_at)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(damaged());
+        };
+        let position = parse_u64(position.as_bytes()).ok_or_else(damaged)?;
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(hash, &mut bytes).map_err(|_| damaged())?;
+        let recorded_at = recorded_at.parse().map_err(|_| damaged())?;
+        Ok(Head {
+            position,
+            hash: bytes,
+            recorded_at,
+        })
+    }
+}
+
+/// Where an event id is committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct IdLocation {
+    pub position: u64,
+    pub revision: Revision,
+    pub stream: String,
+}
+
+impl IdLocation {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        format!(
+            "{:020}:{:020}:{}",
+            self.position, self.revision, self.stream
+        )
+        .into_bytes()
+    }
+
+    pub(crate) fn decode(id: &Uuid, value: &[u8]) -> Result<IdLocation> {
+        let damaged = || Error::Damaged {
+            reason: format!("the etcd id index entry of {id} is malformed"),
+        };
+        if value.len() < 42 || value[20] != b':' || value[41] != b':' {
+            return Err(damaged());
+        }
+        Ok(IdLocation {
+            position: parse_u64(&value[..20]).ok_or_else(damaged)?,
+            revision: parse_u64(&value[21..41]).ok_or_else(damaged)?,
+            stream: String::from_utf8(value[42..].to_vec()).map_err(|_| damaged())?,
+        })
+    }
+}
+
+/// One append's entry in its stream's index: revisions `first_revision..` at positions
+/// `first_position..`, `count` of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StreamEntry {
+    pub first_revision: Revision,
+    pub first_position: u64,
+    pub count: u64,
+}
+
+impl StreamEntry {
+    pub(crate) fn last_revision(&self) -> Revision {
+        self.first_revision + self.count - 1
+    }
+
+    pub(crate) fn position_of(&self, revision: Revision) -> Position {
+        Position(self.first_position + (revision - self.first_revision))
+    }
+
+    pub(crate) fn encode_value(&self) -> Vec<u8> {
+        format!("{:020}:{}", self.first_position, self.count).into_bytes()
+    }
+
+    pub(crate) fn decode(stream: &str, first_revision: Revision, value: &[u8]) -> Result<Self> {
+        let damaged = || Error::Damaged {
+            reason: format!("the etcd stream index entry {stream}@{first_revision} is malformed"),
+        };
+        if value.len() < 22 || value[20] != b':' {
+            return Err(damaged());
+        }
+        let entry = StreamEntry {
+            first_revision,
+            first_position: parse_u64(&value[..20]).ok_or_else(damaged)?,
+            count: parse_u64(&value[21..]).ok_or_else(damaged)?,
+        };
+        if entry.count == 0 || entry.first_revision == 0 || entry.first_position == 0 {
+            return Err(damaged());
+        }
+        Ok(entry)
+    }
+}
+
+/// The end of a key range covering every key that starts with `prefix`.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sort_numerically_and_streams_do_not_overlap() {
+        let keys = Keys::new("ns/");
+        assert_eq!(keys.head(), b"ns/v1/head");
+        assert!(keys.log(9) < keys.log(10));
+        assert_eq!(keys.log_position(&keys.log(42)), Some(42));
+        assert!(keys.time(Timestamp(-1), 5) < keys.time(Timestamp(0), 1));
+        assert!(keys.time(Timestamp(i64::MIN), 0) < keys.time(Timestamp(i64::MAX), 0));
+        assert_eq!(keys.time_position(&keys.time(Timestamp(7), 99)), Some(99));
+        let s = keys.stream_entry("s", 3);
+        let prefix = keys.stream_prefix("s");
+        assert!(s.starts_with(&prefix));
+        assert!(!keys.stream_entry("s/0", 1).starts_with(&prefix));
+        assert!(!keys.stream_entry("s2", 1).starts_with(&prefix));
+        assert!(
+            keys.stream_entry("s", 4) < s,
+            "the latest entry sorts first"
+        );
+        assert_eq!(keys.stream_entry_revision("s", &s), Some(3));
+        assert_eq!(prefix_end(b"a/"), b"a0");
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let head = Head {
+            position: 12,
+            hash: [7; 32],
+            recorded_at: -5,
+        };
+        assert_eq!(Head::decode(&head.encode()).unwrap(), head);
+        assert!(Head::decode(b"12:zz:0").is_err());
+        let id = Uuid::now_v7();
+        let location = IdLocation {
+            position: 3,
+            revision: 2,
+            stream: "vm/a:b".into(),
+        };
+        assert_eq!(
+            IdLocation::decode(&id, &location.encode()).unwrap(),
+            location
+        );
+        let entry = StreamEntry {
+            first_revision: 4,
+            first_position: 9,
+            count: 3,
+        };
+        assert_eq!(
+            StreamEntry::decode("s", 4, &entry.encode_value()).unwrap(),
+            entry
+        );
+    }
+}

@@ -1,0 +1,468 @@
+//! Reads: all of them go to etcd (linearizable by default), since another server may have
+//! written. Everything is read from the immutable position-numbered keys and indexes, paged, never
+//! through etcd's history.
+
+use std::collections::HashMap;
+
+use etcd_client::GetOptions;
+use vmplane_store::hash::{GENESIS_PREV_HASH, event_hash};
+use vmplane_store::{
+    Direction, Error, PayloadValidator, Position, RecordedEvent, Result, Revision, Timestamp,
+    VerifyReport, Visitor,
+};
+
+use crate::EtcdLog;
+use crate::codec;
+use crate::etcd::TXN_OPS_MAX;
+use crate::keys::{Head, IdLocation, StreamEntry, key_after, prefix_end};
+
+/// Events fetched per etcd request.
+const READ_PAGE_EVENTS_MAX: u64 = 256;
+
+impl EtcdLog {
+    /// The head key as etcd has it now.
+    pub(crate) async fn read_head(&self) -> Result<Head> {
+        match self
+            .etcd
+            .get("reading the log's head", self.deadline(), self.keys.head())
+            .await?
+        {
+            Some(kv) => Head::decode(kv.value()),
+            None => Ok(Head::EMPTY),
+        }
+    }
+
+    /// Up to `count` events after `after`, in position order, checking they are gapless.
+    pub(crate) async fn read_range(&self, after: u64, count: u64) -> Result<Vec<RecordedEvent>> {
+        let mut events = Vec::new();
+        let mut next = after.saturating_add(1);
+        while (events.len() as u64) < count && next > after {
+            let page = (count - events.len() as u64).min(READ_PAGE_EVENTS_MAX);
+            let end = next.saturating_add(page);
+            let response = self
+                .etcd
+                .range(
+                    "reading the log",
+                    self.deadline(),
+                    self.keys.log(next),
+                    self.keys.log(end),
+                    GetOptions::new().with_limit(page as i64),
+                )
+                .await?;
+            let kvs = response.kvs();
+            for kv in kvs {
+                let position = self
+                    .keys
+                    .log_position(kv.key())
+                    .ok_or_else(|| Error::Corrupt {
+                        position: Position(next),
+                        reason: "a malformed key under log/".into(),
+                    })?;
+                if position != next {
+                    return Err(Error::Corrupt {
+                        position: Position(next),
+                        reason: format!("gap in the log: the next event is at {position}"),
+                    });
+                }
+                events.push(codec::decode(position, kv.value())?);
+                next += 1;
+            }
+            if (kvs.len() as u64) < page {
+                break;
+            }
+        }
+        Ok(events)
+    }
+
+    pub(crate) async fn scan_inner(&self, after: u64, visit: Visitor<'_>) -> Result<Position> {
+        let head = self.read_head().await?.position;
+        let mut visited = after;
+        while visited < head {
+            let page = self
+                .read_range(visited, (head - visited).min(READ_PAGE_EVENTS_MAX))
+                .await?;
+            if page.is_empty() {
+                return Err(Error::Corrupt {
+                    position: Position(visited + 1),
+                    reason: format!("the log ends at {visited} but its head is {head}"),
+                });
+            }
+            for event in &page {
+                visited = event.position.0;
+                if visit(&event.as_ref()).is_break() {
+                    return Ok(Position(visited));
+                }
+            }
+        }
+        Ok(Position(visited))
+    }
+
+    /// The first batch recorded after `at` starts one past the answer; with none, the head is.
+    /// Both are read in one transaction, so they agree.
+    pub(crate) async fn position_at_inner(&self, at: Timestamp) -> Result<Position> {
+        let from = key_after(&self.keys.time(at, u64::MAX));
+        let end = prefix_end(&self.keys.time_prefix());
+        let reads = vec![
+            (
+                from,
+                Some(
+                    GetOptions::new()
+                        .with_range(end)
+                        .with_limit(1)
+                        .with_keys_only(),
+                ),
+            ),
+            (self.keys.head(), None),
+        ];
+        let mut results = self
+            .etcd
+            .read_many("reading the time index", self.deadline(), reads)
+            .await?
+            .into_iter();
+        let later = results.next().unwrap_or_default();
+        let head = match results.next().unwrap_or_default().first() {
+            Some(kv) => Head::decode(kv.value())?,
+            None => Head::EMPTY,
+        };
+        match later.first() {
+            None => Ok(Position(head.position)),
+            Some(kv) => match self.keys.time_position(kv.key()) {
+                Some(first) => Ok(Position(first.saturating_sub(1))),
+                None => Err(Error::Damaged {
+                    reason: format!(
+                        "a malformed time index key {:?}",
+                        String::from_utf8_lossy(kv.key())
+                    ),
+                }),
+            },
+        }
+    }
+
+    pub(crate) async fn stream_revision_inner(&self, stream: &str) -> Result<Option<Revision>> {
+        if stream.len() > Self::LIMITS.stream_name_bytes_max {
+            return Ok(None);
+        }
+        let (from, options) = self.keys.latest_entry_read(stream);
+        let end = prefix_end(&from);
+        let response = self
+            .etcd
+            .range(
+                "reading a stream's revision",
+                self.deadline(),
+                from,
+                end,
+                options,
+            )
+            .await?;
+        match response.kvs().first() {
+            Some(kv) => Ok(Some(
+                self.keys
+                    .parse_entry(stream, kv.key(), kv.value())?
+                    .last_revision(),
+            )),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) async fn claim_holder_inner(&self, key: &str) -> Result<Option<String>> {
+        match self
+            .etcd
+            .get("reading a claim", self.deadline(), self.keys.claim(key))
+            .await?
+        {
+            Some(kv) => String::from_utf8(kv.value().to_vec())
+                .map(Some)
+                .map_err(|_| Error::Damaged {
+                    reason: format!("claim {key} holds non-UTF-8 bytes"),
+                }),
+            None => Ok(None),
+        }
+    }
+
+    /// The stream's index entries whose first revision is in `[low, high]`, in revision order.
+    async fn stream_entries(
+        &self,
+        stream: &str,
+        low: Revision,
+        high: Revision,
+    ) -> Result<Vec<StreamEntry>> {
+        // Keys hold the complement of the revision: the range runs from `high` down to `low`.
+        let from = self.keys.stream_entry(stream, high);
+        let end = key_after(&self.keys.stream_entry(stream, low));
+        let response = self
+            .etcd
+            .range(
+                "reading a stream's index",
+                self.deadline(),
+                from,
+                end,
+                GetOptions::new(),
+            )
+            .await?;
+        let mut entries = response
+            .kvs()
+            .iter()
+            .map(|kv| self.keys.parse_entry(stream, kv.key(), kv.value()))
+            .collect::<Result<Vec<_>>>()?;
+        entries.reverse();
+        Ok(entries)
+    }
+
+    pub(crate) async fn read_stream_inner(
+        &self,
+        stream: &str,
+        from: Revision,
+        direction: Direction,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let max_count = max_count.min(Self::LIMITS.read_events_max) as u64;
+        if max_count == 0 || stream.len() > Self::LIMITS.stream_name_bytes_max {
+            return Ok(Vec::new());
+        }
+        // An entry covers at most one append, so the one holding revision r starts at or after
+        // r − (append_batch_events_max − 1).
+        let span = Self::LIMITS.append_batch_events_max as u64 - 1;
+        // (entry, first revision wanted, last revision wanted), in the order they are returned.
+        let mut wanted: Vec<(StreamEntry, Revision, Revision)> = Vec::new();
+        let mut total = 0u64;
+        match direction {
+            Direction::Forward => {
+                let from = from.max(1);
+                let high = from.saturating_add(max_count);
+                for entry in self
+                    .stream_entries(stream, from.saturating_sub(span).max(1), high)
+                    .await?
+                {
+                    if entry.last_revision() < from {
+                        continue;
+                    }
+                    let first = entry.first_revision.max(from);
+                    let last = entry.last_revision().min(first + (max_count - total) - 1);
+                    wanted.push((entry, first, last));
+                    total += last - first + 1;
+                    if total >= max_count {
+                        break;
+                    }
+                }
+            }
+            Direction::Backward => {
+                if from == 0 {
+                    return Ok(Vec::new());
+                }
+                let from = if from == u64::MAX {
+                    match self.stream_revision_inner(stream).await? {
+                        Some(revision) => revision,
+                        None => return Ok(Vec::new()),
+                    }
+                } else {
+                    from
+                };
+                let low = from.saturating_sub(max_count + span).max(1);
+                let entries = self.stream_entries(stream, low, from).await?;
+                for entry in entries.into_iter().rev() {
+                    let last = entry.last_revision().min(from);
+                    let first = entry
+                        .first_revision
+                        .max((last + 1).saturating_sub(max_count - total));
+                    wanted.push((entry, first, last));
+                    total += last - first + 1;
+                    if total >= max_count {
+                        break;
+                    }
+                }
+            }
+        }
+        let mut events = Vec::with_capacity(total as usize);
+        for chunk in wanted.chunks(TXN_OPS_MAX) {
+            let reads = chunk
+                .iter()
+                .map(|(entry, first, last)| {
+                    let from = entry.position_of(*first).0;
+                    let to = entry.position_of(*last).0;
+                    (
+                        self.keys.log(from),
+                        Some(GetOptions::new().with_range(self.keys.log(to + 1))),
+                    )
+                })
+                .collect();
+            let results = self
+                .etcd
+                .read_many("reading a stream", self.deadline(), reads)
+                .await?;
+            for ((entry, first, last), kvs) in chunk.iter().zip(results) {
+                let mut found = Vec::with_capacity(kvs.len());
+                for kv in &kvs {
+                    let position =
+                        self.keys
+                            .log_position(kv.key())
+                            .ok_or_else(|| Error::Corrupt {
+                                position: entry.position_of(*first),
+                                reason: "a malformed key under log/".into(),
+                            })?;
+                    found.push(codec::decode(position, kv.value())?);
+                }
+                for (offset, revision) in (*first..=*last).enumerate() {
+                    let position = entry.position_of(revision);
+                    let event = found.get(offset).filter(|e| {
+                        e.position == position && e.stream == stream && e.revision == revision
+                    });
+                    if event.is_none() {
+                        return Err(Error::Corrupt {
+                            position,
+                            reason: format!(
+                                "the stream index puts {stream}@{revision} here, the log disagrees"
+                            ),
+                        });
+                    }
+                }
+                match direction {
+                    Direction::Forward => events.extend(found),
+                    Direction::Backward => events.extend(found.into_iter().rev()),
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    pub(crate) async fn verify_inner(
+        &self,
+        validate_payload: PayloadValidator<'_>,
+    ) -> Result<VerifyReport> {
+        let head = self.read_head().await?;
+        let mut prev_hash = GENESIS_PREV_HASH;
+        let mut last_recorded_at = i64::MIN;
+        let mut revisions: HashMap<String, Revision> = HashMap::new();
+        let mut last_positions: HashMap<String, u64> = HashMap::new();
+        let mut checked = 0u64;
+        while checked < head.position {
+            let page = self
+                .read_range(checked, (head.position - checked).min(READ_PAGE_EVENTS_MAX))
+                .await?;
+            if page.is_empty() {
+                break;
+            }
+            let reads = page
+                .iter()
+                .map(|event| (self.keys.id(&event.id), None))
+                .collect();
+            let ids = self
+                .etcd
+                .read_many("verifying the id index", self.deadline(), reads)
+                .await?;
+            for (event, id_kvs) in page.iter().zip(ids) {
+                let position = event.position;
+                let corrupt = |reason: String| Error::Corrupt { position, reason };
+                if event.prev_hash != prev_hash {
+                    return Err(corrupt("the previous hash does not match the chain".into()));
+                }
+                if event_hash(&event.as_ref()) != event.hash {
+                    return Err(corrupt(
+                        "the event's hash does not match its content".into(),
+                    ));
+                }
+                let revision = revisions.entry(event.stream.clone()).or_insert(0);
+                if event.revision != *revision + 1 {
+                    return Err(corrupt(format!(
+                        "stream {} jumps from revision {} to {}",
+                        event.stream, revision, event.revision
+                    )));
+                }
+                *revision = event.revision;
+                last_positions.insert(event.stream.clone(), position.0);
+                if event.recorded_at.0 < last_recorded_at {
+                    return Err(corrupt("recorded_at goes backwards".into()));
+                }
+                last_recorded_at = event.recorded_at.0;
+                let location = id_kvs
+                    .first()
+                    .and_then(|kv| IdLocation::decode(&event.id, kv.value()).ok());
+                let expected = IdLocation {
+                    position: position.0,
+                    revision: event.revision,
+                    stream: event.stream.clone(),
+                };
+                if location.as_ref() != Some(&expected) {
+                    return Err(corrupt(format!(
+                        "the event-id index entry of {} is missing or wrong",
+                        event.id
+                    )));
+                }
+                validate_payload(&event.event_type, event.schema_version, &event.payload).map_err(
+                    |reason| {
+                        corrupt(format!(
+                            "payload of {} v{} does not decode: {reason}",
+                            event.event_type, event.schema_version
+                        ))
+                    },
+                )?;
+                prev_hash = event.hash;
+                checked = position.0;
+            }
+        }
+        if checked != head.position {
+            return Err(Error::Corrupt {
+                position: Position(checked + 1),
+                reason: format!(
+                    "the log ends at {checked} but its head is {}",
+                    head.position
+                ),
+            });
+        }
+        if prev_hash != head.hash {
+            return Err(Error::Corrupt {
+                position: Position(checked),
+                reason: "the head key's hash is not the last event's".into(),
+            });
+        }
+        let beyond = self.read_range(head.position, 1).await?;
+        if let Some(event) = beyond.first() {
+            return Err(Error::Corrupt {
+                position: event.position,
+                reason: format!("an event lies past the head {}", head.position),
+            });
+        }
+        self.verify_stream_heads(&revisions, &last_positions)
+            .await?;
+        Ok(VerifyReport {
+            events: head.position,
+            head_hash: head.hash,
+        })
+    }
+
+    /// Pair check: every stream's latest index entry ends at the stream's last revision.
+    async fn verify_stream_heads(
+        &self,
+        revisions: &HashMap<String, Revision>,
+        last_positions: &HashMap<String, u64>,
+    ) -> Result<()> {
+        let streams: Vec<(&String, &Revision)> = revisions.iter().collect();
+        let reads = streams
+            .iter()
+            .map(|(stream, _)| {
+                let (key, options) = self.keys.latest_entry_read(stream);
+                (key, Some(options))
+            })
+            .collect();
+        let latest = self
+            .etcd
+            .read_many("verifying stream indexes", self.deadline(), reads)
+            .await?;
+        for ((stream, revision), kvs) in streams.into_iter().zip(latest) {
+            let stored = kvs.first().and_then(|kv| {
+                self.keys
+                    .parse_entry(stream, kv.key(), kv.value())
+                    .ok()
+                    .map(|entry| entry.last_revision())
+            });
+            if stored != Some(*revision) {
+                return Err(Error::Corrupt {
+                    position: Position(last_positions.get(stream).copied().unwrap_or(0)),
+                    reason: format!(
+                        "the index of stream {stream} ends at {stored:?}, its events at {revision}"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}

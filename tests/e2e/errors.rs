@@ -1,0 +1,393 @@
+//! Errors: one clear line on stderr (`vmplane: error: ...`) naming the object, the field and the
+//! reason; a non-zero exit; the right gRPC code; and nothing appended to the log on rejection.
+
+use serde_json::Value;
+use tonic::Code;
+use vmplane_gateway::pb::{self, objects_client::ObjectsClient};
+use vmplane_tests::{Cli, one_error_line, repo_root};
+
+use crate::{channel, rt, shared_server};
+
+fn example(name: &str) -> String {
+    std::fs::read_to_string(repo_root().join("examples").join(name)).expect("read example")
+}
+
+/// examples/vm.yaml renamed, with `replace` applied to its text.
+fn vm_manifest(name: &str, replace: &[(&str, &str)]) -> String {
+    let mut text = example("vm.yaml").replace("name: demo", &format!("name: {name}"));
+    for (from, to) in replace {
+        assert!(text.contains(from), "{from:?} not in examples/vm.yaml");
+        text = text.replace(from, to);
+    }
+    text
+}
+
+/// The audit entries of one namespace (every event appended for its objects).
+fn audit(vmplane: &Cli, ns: &str) -> Vec<Value> {
+    let out = vmplane.ok(&["audit", "-n", ns, "-o", "json"]);
+    serde_json::from_str::<Value>(&out)
+        .expect("audit JSON")
+        .as_array()
+        .expect("a list")
+        .clone()
+}
+
+fn apply_stdin(vmplane: &Cli, manifest: &str, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["apply", "-f", "-"];
+    args.extend_from_slice(extra);
+    vmplane.run_with_stdin(&args, manifest)
+}
+
+/// The gRPC status of applying `manifest` in `ns`.
+fn grpc_apply(manifest: &str, ns: &str, expected_generation: Option<u64>) -> tonic::Status {
+    let server = shared_server();
+    rt().block_on(async {
+        ObjectsClient::new(channel(server).await)
+            .apply(pb::ApplyRequest {
+                manifest: manifest.to_string(),
+                namespace: ns.to_string(),
+                expected_generation,
+                ..Default::default()
+            })
+            .await
+            .expect_err("the apply must be refused")
+    })
+}
+
+#[test]
+fn a_bad_quantity_names_the_object_and_field_in_one_line_and_appends_nothing() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-quantity";
+    let bad = vm_manifest("badq", &[("guest: 256Mi", "guest: 2Gx")]);
+    let (code, out, err) = apply_stdin(&vmplane, &bad, &["-n", ns]);
+    assert_ne!(code, 0);
+    assert!(out.is_empty(), "{out}");
+    let line = one_error_line(&err);
+    for part in [
+        "invalid:",
+        "VirtualMachine errors-quantity/badq",
+        "spec.template.spec.domain.memory.guest",
+        "2Gx",
+    ] {
+        assert!(line.contains(part), "{part:?} missing from {line}");
+    }
+    assert_eq!(
+        grpc_apply(&bad, ns, None).code(),
+        Code::InvalidArgument,
+        "InvalidArgument on the wire"
+    );
+    assert!(
+        audit(&vmplane, ns).is_empty(),
+        "a rejection appended events"
+    );
+    let line = vmplane.fails(&["get", "vm", "badq", "-n", ns]);
+    assert!(line.contains("not found"), "{line}");
+
+    // Several bad documents: a line for each, then the count.
+    let two = format!(
+        "{bad}\n---\n{}",
+        vm_manifest("badr", &[("runStrategy: Manual", "runStrategy: Sometimes")])
+    );
+    let (code, _, err) = apply_stdin(&vmplane, &two, &["-n", ns]);
+    assert_ne!(code, 0);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines.iter().all(|l| l.starts_with("vmplane: error: ")),
+        "{err}"
+    );
+    assert!(
+        lines[0].contains("badq") && lines[1].contains("badr"),
+        "{err}"
+    );
+    assert!(lines[1].contains("spec.runStrategy"), "{err}");
+    assert!(lines[2].contains("2 of 2 objects not applied"), "{err}");
+    assert!(
+        audit(&vmplane, ns).is_empty(),
+        "a rejection appended events"
+    );
+}
+
+#[test]
+fn a_stale_expected_generation_is_a_conflict_naming_the_actual_generation() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-conflict";
+    let vm = example("vm.yaml");
+    let bigger = example("vm-bigger.yaml");
+    assert_eq!(
+        apply_stdin(&vmplane, &vm, &["-n", ns]).1,
+        "virtualmachine/demo created\n"
+    );
+    let (code, out, err) =
+        apply_stdin(&vmplane, &bigger, &["-n", ns, "--expected-generation", "1"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "virtualmachine/demo configured\n"),
+        "{err}"
+    );
+    let before = audit(&vmplane, ns).len();
+
+    let (code, _, err) = apply_stdin(&vmplane, &vm, &["-n", ns, "--expected-generation", "1"]);
+    assert_ne!(code, 0);
+    let line = one_error_line(&err);
+    for part in [
+        "conflict:",
+        "VirtualMachine errors-conflict/demo",
+        "expected generation 1",
+        "actual 2",
+    ] {
+        assert!(line.contains(part), "{part:?} missing from {line}");
+    }
+    let status = grpc_apply(&vm, ns, Some(1));
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(
+        status
+            .metadata()
+            .get("vmplane-actual-generation")
+            .and_then(|v| v.to_str().ok()),
+        Some("2"),
+        "the actual generation travels in a trailer"
+    );
+    let line = vmplane.fails(&[
+        "delete",
+        "vm",
+        "demo",
+        "-n",
+        ns,
+        "--expected-generation",
+        "1",
+    ]);
+    assert!(
+        line.contains("conflict:") && line.contains("actual 2"),
+        "{line}"
+    );
+    assert_eq!(
+        audit(&vmplane, ns).len(),
+        before,
+        "a conflict appended events"
+    );
+    let current: Value =
+        serde_json::from_str(&vmplane.ok(&["get", "vm", "demo", "-n", ns, "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(
+        current["spec"]["template"]["spec"]["domain"]["cpu"]["cores"],
+        2
+    );
+}
+
+#[test]
+fn a_firmware_uuid_held_by_another_vm_is_refused_naming_the_holder() {
+    let vmplane = Cli::new(shared_server());
+    let (ns_a, ns_b) = ("errors-uuid-a", "errors-uuid-b");
+    apply_stdin(&vmplane, &example("vm.yaml"), &["-n", ns_a]);
+    let holder: Value =
+        serde_json::from_str(&vmplane.ok(&["get", "vm", "demo", "-n", ns_a, "-o", "json"]))
+            .expect("JSON");
+    let uuid = holder["spec"]["template"]["spec"]["domain"]["firmware"]["uuid"]
+        .as_str()
+        .expect("a firmware UUID")
+        .to_string();
+    let dup = vm_manifest(
+        "dup",
+        &[(
+            "      domain:\n",
+            &format!("      domain:\n        firmware:\n          uuid: {uuid}\n"),
+        )],
+    );
+    let (code, _, err) = apply_stdin(&vmplane, &dup, &["-n", ns_b]);
+    assert_ne!(code, 0);
+    let line = one_error_line(&err);
+    for part in [
+        "already exists:",
+        "VirtualMachine errors-uuid-b/dup",
+        "spec.template.spec.domain.firmware.uuid",
+        uuid.as_str(),
+        "vm/errors-uuid-a/demo",
+    ] {
+        assert!(line.contains(part), "{part:?} missing from {line}");
+    }
+    assert_eq!(grpc_apply(&dup, ns_b, None).code(), Code::AlreadyExists);
+    assert!(
+        audit(&vmplane, ns_b).is_empty(),
+        "a rejection appended events"
+    );
+
+    // Once the holder is deleted, the UUID is free.
+    assert_eq!(
+        vmplane.ok(&["delete", "vm", "demo", "-n", ns_a]),
+        "virtualmachine/demo deleted\n"
+    );
+    let (code, out, err) = apply_stdin(&vmplane, &dup, &["-n", ns_b]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "virtualmachine/dup created\n"),
+        "{err}"
+    );
+    let vm: Value =
+        serde_json::from_str(&vmplane.ok(&["get", "vm", "dup", "-n", ns_b, "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(vm["status"]["firmwareUUIDOrigin"], "UserSpecified");
+}
+
+#[test]
+fn dry_run_validates_on_the_server_and_changes_nothing() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-dry-run";
+    let (code, out, err) = apply_stdin(&vmplane, &example("vm.yaml"), &["-n", ns, "--dry-run"]);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "virtualmachine/demo created (dry run)\n"),
+        "{err}"
+    );
+    assert!(audit(&vmplane, ns).is_empty(), "a dry run appended events");
+    let line = vmplane.fails(&["get", "vm", "demo", "-n", ns]);
+    assert!(line.contains("not found"), "{line}");
+    // A dry run is validated like the real thing.
+    let bad = vm_manifest("demo", &[("guest: 256Mi", "guest: 2Gx")]);
+    let (code, _, err) = apply_stdin(&vmplane, &bad, &["-n", ns, "--dry-run"]);
+    assert_ne!(code, 0);
+    assert!(one_error_line(&err).contains("spec.template.spec.domain.memory.guest"));
+
+    apply_stdin(&vmplane, &example("vm.yaml"), &["-n", ns]);
+    let before = audit(&vmplane, ns);
+    let (code, out, err) = apply_stdin(
+        &vmplane,
+        &example("vm-bigger.yaml"),
+        &["-n", ns, "--dry-run"],
+    );
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "virtualmachine/demo configured (dry run)\n"),
+        "{err}"
+    );
+    assert_eq!(audit(&vmplane, ns), before, "a dry run appended events");
+    let vm: Value =
+        serde_json::from_str(&vmplane.ok(&["get", "vm", "demo", "-n", ns, "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(vm["metadata"]["generation"], 1);
+    assert_eq!(vm["spec"]["template"]["spec"]["domain"]["cpu"]["cores"], 1);
+}
+
+#[test]
+fn an_unknown_kind_is_refused_listing_the_known_ones() {
+    let vmplane = Cli::new(shared_server());
+    let line = vmplane.fails(&["get", "gadgets"]);
+    assert!(
+        line.contains("\"gadgets\"") && line.contains("vm, vmi"),
+        "{line}"
+    );
+    let line = vmplane.fails(&["delete", "gadget", "x"]);
+    assert!(line.contains("\"gadget\""), "{line}");
+    let manifest = "apiVersion: kubevirt.io/v1\nkind: Gadget\nmetadata:\n  name: x\n";
+    let (code, _, err) = apply_stdin(&vmplane, manifest, &["-n", "errors-kind"]);
+    assert_ne!(code, 0);
+    let line = one_error_line(&err);
+    assert!(
+        line.contains("invalid:") && line.contains("Gadget"),
+        "{line}"
+    );
+    assert_eq!(
+        grpc_apply(manifest, "errors-kind", None).code(),
+        Code::InvalidArgument
+    );
+}
+
+#[test]
+fn an_unreachable_server_is_named_with_what_to_do() {
+    // A port nobody listens on: bind one, then let it go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let vmplane = Cli::at(&url);
+    for args in [
+        &["get", "vms"][..],
+        &["audit"],
+        &["watch"],
+        &["start", "demo"],
+    ] {
+        let line = vmplane.fails(args);
+        assert!(
+            line.contains(&format!("cannot reach the vmplane server at {url}")),
+            "{args:?}: {line}"
+        );
+        assert!(
+            line.contains("--server") && line.contains("VMPLANE_SERVER"),
+            "says what to do: {line}"
+        );
+    }
+}
+
+#[test]
+fn an_oversized_manifest_is_refused_as_too_large() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-size";
+    let limit = 1024 * 1024; // core's MANIFEST_BYTES_MAX
+    // Just above the manifest limit (within the request limit): core refuses it.
+    // Far above it: the server refuses the request before decoding it.
+    for (name, padding) in [("big", limit + 1000), ("huge", 3 * limit)] {
+        let manifest = vm_manifest(
+            name,
+            &[(
+                "    app: demo\nspec:",
+                &format!(
+                    "    app: demo\n    padding: \"{}\"\nspec:",
+                    "x".repeat(padding)
+                ),
+            )],
+        );
+        let (code, _, err) = apply_stdin(&vmplane, &manifest, &["-n", ns]);
+        assert_ne!(code, 0);
+        let line = one_error_line(&err);
+        assert!(line.contains("too large"), "{name}: {line}");
+        if name == "big" {
+            let json =
+                serde_json::to_string(&serde_yaml::from_str::<Value>(&manifest).expect("YAML"))
+                    .expect("JSON");
+            let status = grpc_apply(&json, ns, None);
+            assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+            assert!(
+                status.message().contains(&limit.to_string()),
+                "names the limit: {}",
+                status.message()
+            );
+        }
+    }
+    assert!(
+        audit(&vmplane, ns).is_empty(),
+        "a rejection appended events"
+    );
+}
+
+#[test]
+fn a_missing_object_is_not_found_and_a_bad_time_is_invalid() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-missing";
+    let line = vmplane.fails(&["get", "vm", "ghost", "-n", ns]);
+    assert!(
+        line.contains("not found") && line.contains("VirtualMachine errors-missing/ghost"),
+        "{line}"
+    );
+    for args in [
+        &["start", "ghost", "-n", ns][..],
+        &["history", "vm", "ghost", "-n", ns],
+        &["expand", "vm", "ghost", "-n", ns],
+        &["delete", "vm", "ghost", "-n", ns],
+    ] {
+        let line = vmplane.fails(args);
+        assert!(line.contains("ghost"), "{args:?}: {line}");
+    }
+    apply_stdin(&vmplane, &example("vm.yaml"), &["-n", ns]);
+    let line = vmplane.fails(&["get", "vm", "demo", "-n", ns, "--as-of", "yesterday"]);
+    assert!(
+        line.contains("invalid:") && line.contains("yesterday") && line.contains("RFC 3339"),
+        "{line}"
+    );
+    let line = vmplane.fails(&["get", "vm", "demo", "-n", ns, "--revision", "7"]);
+    assert!(
+        line.contains("not found") && line.contains("revision 7"),
+        "{line}"
+    );
+}

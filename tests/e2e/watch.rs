@@ -1,0 +1,289 @@
+//! List-and-watch: a list read while writers are busy is a consistent snapshot at its
+//! resourceVersion, and a watch from that position delivers every later event once, in order,
+//! without a gap; a watch resumed from any position continues exactly.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+use serde_json::Value;
+use vmplane_gateway::pb::{
+    self, admin_client::AdminClient, history_client::HistoryClient, objects_client::ObjectsClient,
+    watch_client::WatchClient,
+};
+use vmplane_tests::{Cli, Server};
+
+use crate::{channel, rt};
+
+const WRITERS: usize = 4;
+const WRITES_PER_WRITER: usize = 30;
+/// How long a watch may take to deliver what the log already holds.
+const WATCH_CATCH_UP_MS: u64 = 30_000;
+
+fn vm(name: &str, memory_mi: usize) -> String {
+    format!(
+        r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"{name}"}},
+"spec":{{"runStrategy":"Halted","template":{{"spec":{{"domain":{{"memory":{{"guest":"{memory_mi}Mi"}},
+"devices":{{}}}}}}}}}}}}"#
+    )
+}
+
+/// One writer: creates and edits VMs in its own namespace, and starts some.
+fn writer(url: String, id: usize) {
+    rt().block_on(async move {
+        let channel = tonic::transport::Channel::from_shared(url)
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect");
+        let mut objects = ObjectsClient::new(channel.clone());
+        let mut lifecycle = pb::lifecycle_client::LifecycleClient::new(channel);
+        let ns = format!("watch-w{id}");
+        for j in 0..WRITES_PER_WRITER {
+            let name = format!("vm-{}", j % 5);
+            objects
+                .apply(pb::ApplyRequest {
+                    manifest: vm(&name, 128 + j),
+                    namespace: ns.clone(),
+                    ..Default::default()
+                })
+                .await
+                .expect("apply");
+            if j % 7 == 3 {
+                lifecycle
+                    .start(pb::LifecycleRequest {
+                        namespace: ns.clone(),
+                        name,
+                        request_id: String::new(),
+                    })
+                    .await
+                    .expect("start");
+            }
+        }
+    });
+}
+
+async fn head(server: &Server) -> u64 {
+    AdminClient::new(channel(server).await)
+        .log_info(pb::LogInfoRequest {})
+        .await
+        .expect("log info")
+        .into_inner()
+        .head_position
+}
+
+/// Watches every namespace from `after` until an event at `until` arrives.
+async fn watch_until(server: &Server, after: u64, until: u64) -> Vec<pb::WatchEvent> {
+    let mut stream = WatchClient::new(channel(server).await)
+        .watch(pb::WatchRequest {
+            kind: String::new(),
+            namespace: String::new(),
+            all_namespaces: true,
+            from_position: Some(after),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut events = Vec::new();
+    if after >= until {
+        return events;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(WATCH_CATCH_UP_MS);
+    loop {
+        let next = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "watch from {after} stalled after {} events (want up to {until})",
+                    events.len()
+                )
+            })
+            .expect("watch stream")
+            .expect("watch ended early");
+        let at = next.position;
+        events.push(next);
+        if at >= until {
+            return events;
+        }
+    }
+}
+
+fn positions(events: &[pb::WatchEvent]) -> Vec<u64> {
+    events.iter().map(|e| e.position).collect()
+}
+
+#[test]
+fn a_list_then_a_watch_from_its_resource_version_misses_nothing_and_repeats_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let rt = rt();
+    let start = rt.block_on(head(&server));
+
+    // Writers busy in the background while a client lists.
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|id| {
+            let url = server.url.clone();
+            std::thread::spawn(move || writer(url, id))
+        })
+        .collect();
+    let (list, events_after_list, end) = rt.block_on(async {
+        while head(&server).await < start + 20 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let list = ObjectsClient::new(channel(&server).await)
+            .list(pb::ListRequest {
+                kind: "vm".into(),
+                namespace: String::new(),
+                all_namespaces: true,
+                min_position: 0,
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        let still_writing = head(&server).await;
+        for w in writers {
+            w.join().expect("writer");
+        }
+        // The head once the writers are done (a reconciler may append after it: the checks
+        // below stop here).
+        let end = head(&server).await;
+        assert!(
+            still_writing < end,
+            "the writers were still busy after the list"
+        );
+        let events = watch_until(&server, list.read_position, end).await;
+        (list, events, end)
+    });
+    let read_at = list.read_position;
+    assert!(
+        read_at > start && read_at < end,
+        "{start} < {read_at} < {end}"
+    );
+
+    // Every position after the list's, once, in order, without a gap.
+    let want: Vec<u64> = (read_at + 1..=end).collect();
+    assert_eq!(positions(&events_after_list), want);
+
+    // The same events the audit reports.
+    let audit = rt.block_on(async {
+        HistoryClient::new(channel(&server).await)
+            .audit(pb::AuditRequest {
+                all_namespaces: true,
+                ..Default::default()
+            })
+            .await
+            .expect("audit")
+            .into_inner()
+            .entries
+    });
+    let after: Vec<&pb::AuditEntry> = audit
+        .iter()
+        .filter(|a| a.position > read_at && a.position <= end)
+        .collect();
+    assert_eq!(after.len(), events_after_list.len());
+    for (a, e) in after.iter().zip(&events_after_list) {
+        assert_eq!(
+            (
+                &a.position,
+                &a.time,
+                &a.actor,
+                &a.namespace,
+                &a.kind,
+                &a.name,
+                &a.event
+            ),
+            (
+                &e.position,
+                &e.time,
+                &e.actor,
+                &e.namespace,
+                &e.kind,
+                &e.name,
+                &e.event
+            )
+        );
+    }
+
+    // The list is the state at its position: each VM as of its last event at or before it,
+    // and no VM created after it.
+    // A VM's resourceVersion is its stream's last event: the reconciler's observations of
+    // its VMI are in that stream too (audited as VirtualMachineInstance; this test makes no
+    // stand-alone VMIs).
+    let mut last_event: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for a in audit.iter().filter(|a| a.position <= read_at) {
+        if a.kind == "VirtualMachine" || a.kind == "VirtualMachineInstance" {
+            last_event.insert((a.namespace.clone(), a.name.clone()), a.position);
+        }
+    }
+    let listed: BTreeMap<(String, String), u64> = list
+        .items
+        .iter()
+        .map(|o| ((o.namespace.clone(), o.name.clone()), o.resource_version))
+        .collect();
+    assert_eq!(
+        listed, last_event,
+        "the list is the log's state at {read_at}"
+    );
+
+    // A watch resumed from any position continues exactly.
+    let all: Vec<pb::WatchEvent> = rt.block_on(watch_until(&server, start, end));
+    assert_eq!(positions(&all), (start + 1..=end).collect::<Vec<_>>());
+    let mid = (start + end) / 2;
+    for from in [start, start + 1, read_at, mid, end - 1, end] {
+        let resumed = rt.block_on(watch_until(&server, from, end));
+        let expect: Vec<&pb::WatchEvent> = all.iter().filter(|e| e.position > from).collect();
+        assert_eq!(
+            resumed.iter().collect::<Vec<_>>(),
+            expect,
+            "resumed from {from}"
+        );
+    }
+
+    // The CLI's watch -A -o json from the list's resourceVersion: the same positions.
+    let vmplane = Cli::new(&server);
+    let from = read_at.to_string();
+    let mut watch = vmplane.spawn(&["watch", "-A", "-o", "json", "--from-position", &from]);
+    let stdout = watch.stdout.take().expect("stdout");
+    let mut seen = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let ev: Value = serde_json::from_str(&line.expect("read")).expect("one JSON object a line");
+        let at = ev["position"].as_u64().expect("position");
+        seen.push(at);
+        if at >= end {
+            break;
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(seen, want);
+
+    // A live watch (no position) sees only what happens after it starts.
+    rt.block_on(async {
+        let mut stream = WatchClient::new(channel(&server).await)
+            .watch(pb::WatchRequest {
+                kind: "vm".into(),
+                namespace: "watch-live".into(),
+                all_namespaces: false,
+                from_position: None,
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        let applied = ObjectsClient::new(channel(&server).await)
+            .apply(pb::ApplyRequest {
+                manifest: vm("live", 128),
+                namespace: "watch-live".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("apply")
+            .into_inner();
+        let ev = tokio::time::timeout(Duration::from_millis(WATCH_CATCH_UP_MS), stream.message())
+            .await
+            .expect("the live event arrives")
+            .expect("stream")
+            .expect("an event");
+        assert_eq!(ev.position, applied.position);
+        assert_eq!((ev.name.as_str(), ev.event.as_str()), ("live", "VmCreated"));
+    });
+}
