@@ -40,6 +40,7 @@ pub struct Api {
     auth: Option<Arc<Authenticator>>,
     read_wait: Duration,
     wake: Option<vmplane_hypervisor::WakeHandle>,
+    sagas: Option<Arc<crate::sagas::Sagas>>,
 }
 
 impl Api {
@@ -58,7 +59,15 @@ impl Api {
             auth,
             read_wait: Duration::from_secs(10),
             wake: None,
+            sagas: None,
         }
+    }
+
+    /// Runs snapshots, restores and clones applied through `apply` as sagas
+    /// ([`crate::sagas`]), and pokes their driver after every accepted write.
+    pub fn with_sagas(mut self, sagas: Option<Arc<crate::sagas::Sagas>>) -> Api {
+        self.sagas = sagas;
+        self
     }
 
     /// Wakes the reconciler after every accepted write, so it acts at once instead of at its
@@ -71,6 +80,9 @@ impl Api {
     fn wrote(&self) {
         if let Some(w) = &self.wake {
             w.wake();
+        }
+        if let Some(s) = &self.sagas {
+            s.poke();
         }
     }
 
@@ -294,6 +306,13 @@ impl pb::objects_server::Objects for Api {
         let name = manifest.metadata().name_str().to_string();
         authorize(&p, Access::Write, kind, &namespace)?;
         let object = describe(kind, &namespace, &name);
+        // Snapshots, restores and clones: `apply` starts (or continues) their saga.
+        let saga = match &self.sagas {
+            Some(sagas) if !r.dry_run && crate::sagas::is_saga_kind(kind) => {
+                crate::sagas::generic(manifest.clone()).map(|m| (sagas.clone(), m))
+            }
+            _ => None,
+        };
         let command = apply_command(manifest, r.expected_generation, r.import);
         let meta = meta(&p, request_id(&r.request_id)?);
         let (commands, projections, wait) = (
@@ -320,6 +339,22 @@ impl pb::objects_server::Objects for Api {
                     }),
                     outcome: outcome.as_str().to_string(),
                     position: projections.position().0,
+                }));
+            }
+            if let Some((sagas, m)) = saga {
+                let driven = sagas
+                    .start(&meta, kind, &namespace, m)
+                    .map_err(|e| from_command(&object, e))?;
+                let view = projections
+                    .get(kind, &namespace, &name, Some(driven.position))
+                    .map_err(|e| from_projection(&object, e))?
+                    .ok_or_else(|| {
+                        Status::internal(format!("{object}: written but not readable"))
+                    })?;
+                return Ok(Response::new(pb::ApplyResponse {
+                    object: Some(to_pb(&view)),
+                    outcome: driven.first.outcome.as_str().to_string(),
+                    position: driven.position.0,
                 }));
             }
             let done = commands
@@ -717,24 +752,26 @@ impl pb::history_server::History for Api {
                 kind,
                 since,
                 until,
-                // Filtering by readable namespaces happens below: read enough to fill `limit`.
-                records_max: if readable.is_some() {
-                    AUDIT_ENTRIES_MAX
-                } else {
-                    limit
-                },
+                // The newest `limit` entries are kept below (after filtering by readable
+                // namespaces): read up to the hard cap.
+                records_max: AUDIT_ENTRIES_MAX,
             };
             let records = projections
                 .audit(&query)
                 .map_err(|e| from_projection("audit", e))?;
-            let entries = records
+            let visible: Vec<_> = records
                 .into_iter()
                 .filter(|a| match &readable {
                     // Cluster-scoped objects (namespace "") are readable by every principal.
                     Some(allowed) => a.namespace.is_empty() || allowed.contains(&a.namespace),
                     None => true,
                 })
-                .take(limit)
+                .collect();
+            // The newest `limit`, oldest first: what happened most recently, in order.
+            let skip = visible.len().saturating_sub(limit);
+            let entries = visible
+                .into_iter()
+                .skip(skip)
                 .map(|a| pb::AuditEntry {
                     position: a.position,
                     time: a.time,
@@ -826,5 +863,84 @@ impl pb::watch_server::Watch for Api {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for Api {
+    async fn features(
+        &self,
+        request: Request<pb::FeaturesRequest>,
+    ) -> Result<Response<pb::FeaturesResponse>, Status> {
+        // The cluster configuration is readable by every authenticated principal.
+        let _p = self.principal(request.metadata())?;
+        let projections = self.projections.clone();
+        blocking(move || {
+            let features = projections
+                .features_at(None)
+                .map_err(|e| from_projection("features", e))?;
+            let usage: std::collections::HashMap<String, usize> = projections
+                .feature_usage()
+                .map_err(|e| from_projection("features", e))?
+                .into_iter()
+                .collect();
+            let features = features
+                .statuses()
+                .iter()
+                .map(|f| pb::Feature {
+                    name: f.name.to_string(),
+                    enabled: f.enabled,
+                    source: f.source.as_str().to_string(),
+                    stage: f.stage.as_str().to_string(),
+                    used_by: usage.get(f.name).copied().unwrap_or(0) as u64,
+                })
+                .collect();
+            Ok(Response::new(pb::FeaturesResponse {
+                features,
+                read_position: projections.position().0,
+            }))
+        })
+        .await
+    }
+
+    async fn feature_usage(
+        &self,
+        request: Request<pb::FeatureUsageRequest>,
+    ) -> Result<Response<pb::FeatureUsageResponse>, Status> {
+        let p = self.principal(request.metadata())?;
+        let feature = request.into_inner().feature;
+        let Some(gate) = vmplane_core::features::gate(&feature) else {
+            return Err(Status::invalid_argument(format!(
+                "feature {feature:?} is not a KubeVirt feature gate vmplane knows; see `vmplane features`"
+            )));
+        };
+        let readable = p.readable_namespaces();
+        let projections = self.projections.clone();
+        blocking(move || {
+            let enabled = projections
+                .features_at(None)
+                .map_err(|e| from_projection("features", e))?
+                .is_enabled(gate.name);
+            let users = projections
+                .vms_using_feature(gate.name)
+                .map_err(|e| from_projection("features", e))?
+                .into_iter()
+                .filter(|r| match (&readable, &r.namespace) {
+                    (Some(allowed), Some(ns)) => allowed.contains(ns),
+                    _ => true,
+                })
+                .map(|r| pb::FeatureUser {
+                    kind: r.kind.as_str().to_string(),
+                    namespace: r.namespace.unwrap_or_default(),
+                    name: r.name,
+                })
+                .collect();
+            Ok(Response::new(pb::FeatureUsageResponse {
+                users,
+                enabled,
+                read_position: projections.position().0,
+            }))
+        })
+        .await
     }
 }

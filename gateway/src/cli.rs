@@ -156,11 +156,102 @@ Examples:
   vmplane watch vms --from-position 42")]
     Watch(WatchArgs),
 
+    /// Show every cluster feature's effective state, or which VMs use one.
+    #[command(
+        after_help = "Features come from the cluster configuration, a KubeVirt manifest an admin applies
+(spec.configuration.developerConfiguration.featureGates / disabledFeatureGates).
+
+Examples:
+  vmplane features                            # NAME ENABLED SOURCE STAGE USED-BY
+  vmplane features -o json
+  vmplane features usage DownwardMetrics      # the VMs whose spec requests it"
+    )]
+    Features(FeaturesArgs),
+
+    /// Snapshot a VM: a VirtualMachineSnapshot capturing it at one log position.
+    #[command(after_help = "Examples:
+  vmplane snapshot demo snap1
+  vmplane get snapshot snap1 -o yaml")]
+    Snapshot(SnapshotArgs),
+
+    /// Restore a snapshot onto its VM, or into a new VM with --as (a VirtualMachineRestore).
+    #[command(
+        after_help = "A running target follows the restore's readiness policy (WaitGracePeriod: the
+restore waits up to 5 minutes for the VM to stop). For StopTarget, apply a
+VirtualMachineRestore manifest with `targetReadinessPolicy: StopTarget`.
+
+Examples:
+  vmplane restore demo --snapshot snap1
+  vmplane restore demo --snapshot snap1 --as demo-restored
+  vmplane get restore -o yaml"
+    )]
+    Restore(RestoreArgs),
+
+    /// Clone a VM into a new VM with a new identity (a VirtualMachineClone).
+    #[command(
+        after_help = "Label and annotation filters, patches, new MACs: apply a VirtualMachineClone
+manifest with `vmplane apply -f`.
+
+Examples:
+  vmplane clone demo demo2
+  vmplane get clone -o yaml"
+    )]
+    Clone(CloneArgs),
+
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  vmplane completion bash > /etc/bash_completion.d/vmplane\n  vmplane completion zsh > \"${fpath[1]}/_vmplane\""
     )]
     Completion(CompletionArgs),
+
+    /// Disaster recovery: back up a running server's log, restore a data directory from a
+    /// backup, verify a data directory (restore and verify run offline, without a server).
+    #[command(after_help = "Examples:
+  vmplane admin backup --out vmplane.backup
+  vmplane admin restore --from vmplane.backup --data ./restored
+  vmplane admin restore --from vmplane.backup --data ./restored --to-position 1200
+  vmplane admin restore --from vmplane.backup --data ./restored --to-time 2026-11-22T10:00:00Z
+  vmplane admin verify --data ./restored")]
+    Admin(AdminArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Stream the whole log from the running server (admin role) into one self-verifying file.
+    Backup {
+        /// The backup file (written to FILE.tmp, synced, then renamed).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Offline: build a NEW data directory from a backup (refuses a non-empty one, or a
+    /// damaged backup).
+    Restore {
+        /// The backup file.
+        #[arg(long)]
+        from: PathBuf,
+        /// The data directory to create (must not exist or be empty).
+        #[arg(long)]
+        data: PathBuf,
+        /// Keep events up to this position only.
+        #[arg(long, conflicts_with = "to_time")]
+        to_position: Option<u64>,
+        /// Keep events recorded at or before this instant only (RFC 3339).
+        #[arg(long)]
+        to_time: Option<String>,
+    },
+    /// Offline: check a data directory's hash chain, positions, payloads, and projections
+    /// against a rebuild.
+    Verify {
+        /// The data directory.
+        #[arg(long)]
+        data: PathBuf,
+    },
 }
 
 /// Storage backends for the log.
@@ -258,6 +349,40 @@ pub struct DeleteArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+pub struct SnapshotArgs {
+    /// Name of the VM.
+    pub name: String,
+    /// Name of the VirtualMachineSnapshot.
+    pub snapshot: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RestoreArgs {
+    /// Name of the VM the snapshot was taken of.
+    pub name: String,
+    /// Name of the VirtualMachineSnapshot to restore.
+    #[arg(long)]
+    pub snapshot: String,
+    /// Restore into a new VM of this name instead.
+    #[arg(long = "as", value_name = "NEWNAME")]
+    pub as_name: Option<String>,
+    /// Name of the VirtualMachineRestore (default: TARGET-restore-RANDOM).
+    #[arg(long = "restore-name")]
+    pub restore_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CloneArgs {
+    /// Name of the source VM.
+    pub name: String,
+    /// Name of the new VM.
+    pub new_name: String,
+    /// Name of the VirtualMachineClone (default: NEWNAME-clone-RANDOM).
+    #[arg(long = "clone-name")]
+    pub clone_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
 pub struct LifecycleArgs {
     /// Name of the VM.
     pub name: String,
@@ -337,4 +462,20 @@ pub struct CompletionArgs {
     /// Shell to generate for.
     #[arg(value_enum)]
     pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FeaturesArgs {
+    #[command(subcommand)]
+    pub command: Option<FeaturesCommand>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum FeaturesCommand {
+    /// The VMs whose spec requests FEATURE.
+    #[command(after_help = "Examples:\n  vmplane features usage HostDevices -o json")]
+    Usage {
+        /// A KubeVirt feature gate name, e.g. DownwardMetrics.
+        feature: String,
+    },
 }

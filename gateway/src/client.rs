@@ -44,6 +44,7 @@ pub struct Clients {
     pub lifecycle: pb::lifecycle_client::LifecycleClient<Intercepted>,
     pub history: pb::history_client::HistoryClient<Intercepted>,
     pub watch: pb::watch_client::WatchClient<Intercepted>,
+    pub cluster: pb::cluster_client::ClusterClient<Intercepted>,
 }
 
 /// Largest message the client accepts from the server, in bytes.
@@ -86,7 +87,8 @@ impl Clients {
                 i.clone(),
             )
             .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
-            watch: pb::watch_client::WatchClient::with_interceptor(channel, i),
+            watch: pb::watch_client::WatchClient::with_interceptor(channel.clone(), i.clone()),
+            cluster: pb::cluster_client::ClusterClient::with_interceptor(channel, i),
         })
     }
 }
@@ -294,7 +296,10 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
         })
         .await
         .map_err(status_error)?;
-    println!("{}/{} deleted", print::short_kind_of_arg(&a.kind), a.name);
+    let kind = vmplane_core::types::Kind::from_cli_name(&a.kind)
+        .map(|k| print::short_kind(k.as_str()))
+        .unwrap_or_else(|| print::short_kind_of_arg(&a.kind));
+    println!("{kind}/{} deleted", a.name);
     Ok(())
 }
 
@@ -328,9 +333,9 @@ pub async fn lifecycle(
     };
     let resp = resp.map_err(status_error)?.into_inner();
     if resp.outcome == "unchanged" {
-        println!("vm/{} unchanged", a.name);
+        println!("virtualmachine/{} unchanged", a.name);
     } else {
-        println!("vm/{} {done}", a.name);
+        println!("virtualmachine/{} {done}", a.name);
     }
     Ok(())
 }
@@ -455,4 +460,170 @@ pub async fn watch(c: &mut Clients, g: &GlobalArgs, a: &WatchArgs) -> anyhow::Re
         out.flush()?;
     }
     Ok(())
+}
+
+/// `features` and `features usage FEATURE`.
+pub async fn features(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &crate::cli::FeaturesArgs,
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match &a.command {
+        None => {
+            let resp = c
+                .cluster
+                .features(pb::FeaturesRequest {})
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            print::features(&mut out, g.output, &resp.features)
+        }
+        Some(crate::cli::FeaturesCommand::Usage { feature }) => {
+            let resp = c
+                .cluster
+                .feature_usage(pb::FeatureUsageRequest {
+                    feature: feature.clone(),
+                })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            print::feature_usage(&mut out, g.output, feature, &resp)
+        }
+    }
+}
+
+/// A short random suffix for generated object names (KubeVirt-like `-abc12`).
+fn name_suffix() -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    id[..5].to_owned()
+}
+
+/// Applies one generated snapshot/restore/clone manifest (the server runs its saga) and prints
+/// `KIND/NAME OUTCOME (STATE)`; a saga that ended `Failed` is the command's error.
+async fn apply_saga(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    manifest: serde_json::Value,
+) -> anyhow::Result<()> {
+    let resp = c
+        .objects
+        .apply(pb::ApplyRequest {
+            manifest: manifest.to_string(),
+            namespace: g.namespace.clone(),
+            expected_generation: None,
+            dry_run: false,
+            import: false,
+            request_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let obj = resp.object.unwrap_or_default();
+    let doc: serde_json::Value = serde_json::from_str(&obj.json).unwrap_or_default();
+    let status = doc.get("status").cloned().unwrap_or_default();
+    let failure = status
+        .get("conditions")
+        .and_then(|c| c.as_array())
+        .and_then(|cs| {
+            cs.iter().find(|c| {
+                c.get("type").and_then(|t| t.as_str()) == Some("Failure")
+                    && c.get("status").and_then(|s| s.as_str()) == Some("True")
+            })
+        })
+        .map(|c| {
+            c.get("message")
+                .or_else(|| c.get("reason"))
+                .and_then(|m| m.as_str())
+                .unwrap_or("failed")
+                .to_owned()
+        });
+    let state = match status.get("phase").and_then(|p| p.as_str()) {
+        Some(p) => p.to_owned(),
+        None if status.get("complete").and_then(|c| c.as_bool()) == Some(true) => {
+            "Complete".to_owned()
+        }
+        None if failure.is_some() => "Failed".to_owned(),
+        None => "InProgress".to_owned(),
+    };
+    match g.output {
+        Some(Output::Json) | Some(Output::Yaml) => {
+            print::object(&mut std::io::stdout().lock(), g.output, &obj)?;
+        }
+        _ => println!(
+            "{}/{} {} ({state})",
+            print::short_kind(&obj.kind),
+            obj.name,
+            resp.outcome
+        ),
+    }
+    if state == "Failed" || failure.is_some() {
+        bail!(
+            "{} {}: {}",
+            obj.kind,
+            obj.name,
+            failure.unwrap_or_else(|| "failed".to_owned())
+        );
+    }
+    Ok(())
+}
+
+/// `snapshot NAME SNAPSHOT`: a VirtualMachineSnapshot of VM NAME.
+pub async fn snapshot(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &crate::cli::SnapshotArgs,
+) -> anyhow::Result<()> {
+    let manifest = serde_json::json!({
+        "apiVersion": "snapshot.kubevirt.io/v1beta1",
+        "kind": "VirtualMachineSnapshot",
+        "metadata": {"name": a.snapshot, "namespace": g.namespace},
+        "spec": {"source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": a.name}},
+    });
+    apply_saga(c, g, manifest).await
+}
+
+/// `restore NAME --snapshot SNAPSHOT [--as NEWNAME]`: a VirtualMachineRestore.
+pub async fn restore(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &crate::cli::RestoreArgs,
+) -> anyhow::Result<()> {
+    let target = a.as_name.clone().unwrap_or_else(|| a.name.clone());
+    let name = a
+        .restore_name
+        .clone()
+        .unwrap_or_else(|| format!("{target}-restore-{}", name_suffix()));
+    let manifest = serde_json::json!({
+        "apiVersion": "snapshot.kubevirt.io/v1beta1",
+        "kind": "VirtualMachineRestore",
+        "metadata": {"name": name, "namespace": g.namespace},
+        "spec": {
+            "target": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": target},
+            "virtualMachineSnapshotName": a.snapshot,
+        },
+    });
+    apply_saga(c, g, manifest).await
+}
+
+/// `clone NAME NEWNAME`: a VirtualMachineClone of VM NAME into VM NEWNAME.
+pub async fn clone_vm(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &crate::cli::CloneArgs,
+) -> anyhow::Result<()> {
+    let name = a
+        .clone_name
+        .clone()
+        .unwrap_or_else(|| format!("{}-clone-{}", a.new_name, name_suffix()));
+    let manifest = serde_json::json!({
+        "apiVersion": "clone.kubevirt.io/v1beta1",
+        "kind": "VirtualMachineClone",
+        "metadata": {"name": name, "namespace": g.namespace},
+        "spec": {
+            "source": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": a.name},
+            "target": {"apiGroup": "kubevirt.io", "kind": "VirtualMachine", "name": a.new_name},
+        },
+    });
+    apply_saga(c, g, manifest).await
 }

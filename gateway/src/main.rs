@@ -15,6 +15,7 @@ fn main() -> ExitCode {
             clap_complete::generate(args.shell, &mut cmd, "vmplane", &mut std::io::stdout());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Admin(args) => vmplane_gateway::dr::run(&cli.global, args),
         command => run_client(&cli.global, command),
     };
     match result {
@@ -54,7 +55,13 @@ fn run_client(
             }
             Command::Audit(a) => client::audit(&mut c, global, a).await?,
             Command::Watch(a) => client::watch(&mut c, global, a).await?,
-            Command::Serve(_) | Command::Completion(_) => unreachable!("handled in main"),
+            Command::Features(a) => client::features(&mut c, global, a).await?,
+            Command::Snapshot(a) => client::snapshot(&mut c, global, a).await?,
+            Command::Restore(a) => client::restore(&mut c, global, a).await?,
+            Command::Clone(a) => client::clone_vm(&mut c, global, a).await?,
+            Command::Serve(_) | Command::Completion(_) | Command::Admin(_) => {
+                unreachable!("handled in main")
+            }
         }
         Ok(ExitCode::SUCCESS)
     })

@@ -340,6 +340,83 @@ pub fn watch_event(
     Ok(())
 }
 
+/// `features`: a table, or a list of `{name, enabled, source, stage, usedBy}`.
+pub fn features(
+    out: &mut impl Write,
+    format: Option<Output>,
+    features: &[pb::Feature],
+) -> anyhow::Result<()> {
+    match format {
+        None | Some(Output::Table) => {
+            let rows: Vec<Vec<String>> = features
+                .iter()
+                .map(|f| {
+                    vec![
+                        f.name.clone(),
+                        f.enabled.to_string(),
+                        f.source.clone(),
+                        f.stage.clone(),
+                        f.used_by.to_string(),
+                    ]
+                })
+                .collect();
+            table(
+                out,
+                &["NAME", "ENABLED", "SOURCE", "STAGE", "USED-BY"],
+                &rows,
+            )?;
+        }
+        Some(f) => {
+            let list: Vec<serde_json::Value> = features
+                .iter()
+                .map(|x| {
+                    serde_json::json!({
+                        "name": x.name, "enabled": x.enabled, "source": x.source,
+                        "stage": x.stage, "usedBy": x.used_by,
+                    })
+                })
+                .collect();
+            value_to(out, f, &serde_json::Value::Array(list))?;
+        }
+    }
+    Ok(())
+}
+
+/// `features usage FEATURE`: the VMs that request it.
+pub fn feature_usage(
+    out: &mut impl Write,
+    format: Option<Output>,
+    feature: &str,
+    resp: &pb::FeatureUsageResponse,
+) -> anyhow::Result<()> {
+    match format {
+        None | Some(Output::Table) => {
+            if resp.users.is_empty() {
+                writeln!(out, "No VM requests {feature}.")?;
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = resp
+                .users
+                .iter()
+                .map(|u| vec![u.namespace.clone(), u.name.clone(), u.kind.clone()])
+                .collect();
+            table(out, &["NAMESPACE", "NAME", "KIND"], &rows)?;
+        }
+        Some(f) => {
+            let v = serde_json::json!({
+                "feature": feature,
+                "enabled": resp.enabled,
+                "usedBy": resp.users.iter().map(|u| serde_json::json!({
+                    "kind": u.kind, "namespace": u.namespace, "name": u.name,
+                })).collect::<Vec<_>>(),
+                "resourceVersion": resp.read_position.to_string(),
+            });
+            value_to(out, f, &v)?;
+        }
+    }
+    Ok(())
+}
+
 /// A unified diff, colored on a terminal.
 pub fn unified_diff(out: &mut impl Write, diff: &str, color: bool) -> std::io::Result<()> {
     for line in diff.lines() {
