@@ -17,13 +17,23 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+# Fault-injection points are compiled in only for their own test binaries.
+FAILPOINTS=vmplane-store/failpoints,vmplane-projections/failpoints,vmplane-hypervisor/failpoints
+
 if [ "${VMPLANE_SKIP_LINT:-0}" != 1 ]; then
   echo "== cargo fmt --check" >&2
   cargo fmt --all -- --check
   echo "== cargo clippy" >&2
   cargo clippy --locked --workspace --all-targets -- -D warnings
+  cargo clippy --locked -p vmplane-store -p vmplane-projections -p vmplane-hypervisor \
+    --features "$FAILPOINTS" --all-targets -- -D warnings
 fi
 
 echo "== cargo test" >&2
 cargo build --locked -p vmplane-gateway --bin vmplane
-cargo test --locked --workspace --no-fail-fast
+status=0
+cargo test --locked --workspace --no-fail-fast || status=$?
+echo "== fault injection" >&2
+cargo test --locked -p vmplane-store -p vmplane-projections -p vmplane-hypervisor \
+  --features "$FAILPOINTS" --test failpoints || status=$?
+exit $status

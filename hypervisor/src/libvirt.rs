@@ -318,6 +318,23 @@ impl Drop for LibvirtHypervisor {
     }
 }
 
+/// The error a `return` fail point injects (see `hypervisor/tests/failpoints.rs`): a libvirt
+/// error as the call would have returned it.
+// Used only where `fail/failpoints` is on (this crate's `failpoints`, or another crate's, since
+// cargo unifies `fail`'s features).
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn injected(domain: DomainRef, operation: &'static str) -> HypervisorError {
+    let source = match std::ffi::CString::new("injected by a fail point\0") {
+        Err(nul) => virt::error::Error::from(nul),
+        Ok(_) => virt::error::Error::last_error(),
+    };
+    HypervisorError::Domain {
+        domain,
+        operation,
+        source,
+    }
+}
+
 fn register_lifecycle(conn: &Connect, events: &Arc<Fanout>) -> Option<c_int> {
     let opaque = Box::into_raw(Box::new(Arc::clone(events))) as *mut c_void;
     let callback: sys::virConnectDomainEventCallback = Some(lifecycle_callback);
@@ -476,14 +493,23 @@ impl Hypervisor for LibvirtHypervisor {
         } else {
             0
         };
+        fail::fail_point!("hypervisor::libvirt::define", |_| Err(injected(
+            domain.clone(),
+            "define"
+        )));
         self.conn
             .define_domain_xml_flags(&xml, flags)
             .map(drop)
             .map_err(|source| HypervisorError::Domain {
-                domain,
+                domain: domain.clone(),
                 operation: "define",
                 source,
-            })
+            })?;
+        // libvirt defined it, but the answer is lost (a dropped connection, a crash).
+        fail::fail_point!("hypervisor::libvirt::after_define", |_| Err(injected(
+            domain, "define"
+        )));
+        Ok(())
     }
 
     fn start(&self, uuid: Uuid) -> Result<(), HypervisorError> {
@@ -492,8 +518,19 @@ impl Hypervisor for LibvirtHypervisor {
         if domain_status(&dom, &domain)?.is_active() {
             return Ok(());
         }
+        fail::fail_point!("hypervisor::libvirt::start", |_| Err(injected(
+            domain.clone(),
+            "start"
+        )));
         match dom.create() {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                // libvirt started it, but the answer is lost.
+                fail::fail_point!("hypervisor::libvirt::after_start", |_| Err(injected(
+                    domain.clone(),
+                    "start"
+                )));
+                Ok(())
+            }
             // Started by someone else between the check and the call.
             Err(e)
                 if is(&e, ErrorNumber::OperationInvalid)

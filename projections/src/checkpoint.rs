@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 
 /// Bumped whenever the persisted form of any projection changes: older checkpoints are then
 /// thrown away and the projection rebuilds.
-pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 2;
 
 /// The directory under the data dir where projections keep their checkpoints.
 pub const CHECKPOINT_DIR: &str = "projections";
@@ -72,16 +72,37 @@ pub fn write<T: Serialize>(
     let tmp = path.with_extension("ckpt.tmp");
     {
         let mut file = File::create(&tmp).map_err(io("creating the checkpoint file"))?;
+        // A torn write: the header and half the body reach the temporary file, then it fails.
+        fail::fail_point!("projections::checkpoint::torn_write", |_| {
+            file.write_all(&header)
+                .and_then(|()| file.write_all(&body[..body.len() / 2]))
+                .map_err(io("writing the checkpoint"))?;
+            Err(injected("projections::checkpoint::torn_write"))
+        });
         file.write_all(&header)
             .and_then(|()| file.write_all(&body))
             .map_err(io("writing the checkpoint"))?;
         file.sync_all().map_err(io("syncing the checkpoint"))?;
     }
+    fail::fail_point!("projections::checkpoint::before_rename", |_| Err(injected(
+        "projections::checkpoint::before_rename"
+    )));
     fs::rename(&tmp, path).map_err(io("renaming the checkpoint into place"))?;
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io("syncing the checkpoint directory"))?;
     Ok(())
+}
+
+/// The error a `return` fail point injects (see `projections/tests/failpoints.rs`).
+// Used only where `fail/failpoints` is on (this crate's `failpoints`, or another crate's, since
+// cargo unifies `fail`'s features).
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn injected(point: &'static str) -> Error {
+    Error::CheckpointIo {
+        context: point,
+        source: std::io::Error::other("injected by a fail point"),
+    }
 }
 
 /// A checkpoint as read back: its position, event hash and body.

@@ -315,6 +315,94 @@ impl CommandHandler {
         }
     }
 
+    /// Runs one step that the caller decides itself — a snapshot, restore or clone saga step
+    /// (core's `snapshot::decide`, `restore::decide`, `clone::decide`) — on `stream`: loads
+    /// its state, calls `step` with it and a fresh [`Ctx`] (the step reads whatever other
+    /// streams it needs), appends the decision's events and claims at the revision the state
+    /// was read at, and on a concurrent write reloads and calls `step` again. `step` returns
+    /// the decision and whatever else the caller wants back (the saga's next step).
+    /// `meta.request_id` only correlates here: a saga appends several times per request.
+    pub fn execute_step<T>(
+        &self,
+        meta: &CommandMeta,
+        stream: &str,
+        kind: Kind,
+        mut step: impl FnMut(&AggState, &mut Ctx) -> Result<(Decision, T), CommandError>,
+    ) -> Result<(Executed, T), CommandError> {
+        let correlation_id = meta
+            .correlation_id
+            .or(meta.request_id)
+            .unwrap_or_else(Uuid::now_v7);
+        let meta = CommandMeta {
+            request_id: None,
+            ..meta.clone()
+        };
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (snapshot, revision) = self.load(stream, kind)?;
+            let (decision, extra) = step(&snapshot.state, &mut fresh_ctx())?;
+            if decision.events.is_empty() {
+                let done = Executed {
+                    outcome: decision.outcome,
+                    append: None,
+                    stream: stream.to_owned(),
+                    revision: revision.unwrap_or(0),
+                    generation: snapshot.state.generation(),
+                    position: snapshot.position,
+                    attempts,
+                };
+                return Ok((done, extra));
+            }
+            let generation_after = {
+                let mut after = snapshot.state.clone();
+                for event in &decision.events {
+                    after.evolve(event);
+                }
+                after.generation()
+            };
+            let request = to_request(stream, revision, &decision, &meta, correlation_id);
+            match self.log.append(request) {
+                Ok(append) => {
+                    let done = Executed {
+                        outcome: decision.outcome,
+                        append: Some(append),
+                        stream: stream.to_owned(),
+                        revision: append.last_revision,
+                        generation: generation_after,
+                        position: append.last_position,
+                        attempts,
+                    };
+                    return Ok((done, extra));
+                }
+                Err(vmplane_store::Error::Conflict { .. })
+                    if attempts <= self.options.decide_retries_max => {}
+                Err(vmplane_store::Error::Conflict { .. }) => {
+                    return Err(CommandError::RetriesExhausted {
+                        stream: stream.to_owned(),
+                        attempts,
+                    });
+                }
+                Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
+                    let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(&key);
+                    return Err(Rejection::firmware_uuid_taken(uuid, &holder).into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The holder of a store claim (`firmware-uuid/<uuid>` → the VM stream holding it).
+    pub fn claim_holder(&self, key: &str) -> Result<Option<String>, CommandError> {
+        Ok(self.log.claim_holder(key)?)
+    }
+
+    /// The log's head position.
+    #[must_use]
+    pub fn head(&self) -> Position {
+        self.log.head()
+    }
+
     /// Decides `command` against the current state without appending anything
     /// (`apply --dry-run`): the outcome it would have, or the rejection it gets.
     pub fn dry_run(&self, command: Command) -> Result<Outcome, CommandError> {
@@ -491,6 +579,19 @@ fn decide(state: &AggState, command: &Command, ctx: &mut Ctx) -> Result<Decision
         (AggState::Vm(s), Command::Vm { command, .. }) => vm::decide(s, command, ctx),
         (AggState::Vmi(s), Command::Vmi { command, .. }) => vmi::decide(s, command, ctx),
         (AggState::Object(s), Command::Object { command, .. }) => object::decide(s, command, ctx),
+        // Snapshot, restore and clone streams through the generic object path (delete, dry
+        // runs): their object fold decides; sagas go through `execute_step`.
+        (
+            AggState::Snapshot(_) | AggState::Restore(_) | AggState::Clone(_),
+            Command::Object { command, .. },
+        ) => match state.object() {
+            Some(o) => object::decide(o, command, ctx),
+            None => Err(Rejection::invalid(
+                "kind",
+                vmplane_core::codes::UNSUPPORTED_KIND,
+                "the command does not fit the stream's kind",
+            )),
+        },
         _ => Err(Rejection::invalid(
             "kind",
             vmplane_core::codes::UNSUPPORTED_KIND,

@@ -30,3 +30,19 @@ pub fn state_features(state: &VmState) -> Vec<String> {
             .unwrap_or_default(),
     }
 }
+
+/// What a standalone VMI requests, by KubeVirt gate name, sorted and unique.
+#[must_use]
+pub fn vmi_state_features(state: &vmplane_core::VmiState) -> Vec<String> {
+    let mut names: Vec<String> = state
+        .vmi
+        .as_ref()
+        .map(vmplane_core::features::vmi_features_requested)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|u| u.feature.to_owned())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}

@@ -3,7 +3,10 @@
 //! and time of its last event and when the current life began).
 
 use vmplane_core::types::Kind;
-use vmplane_core::{Event, ObjectState, VmState, VmiState, object, vm, vmi};
+use vmplane_core::{
+    CloneState, Event, ObjectState, RestoreState, SnapshotState, VmState, VmiState, clone, object,
+    restore, snapshot, vm, vmi,
+};
 
 use vmplane_store::{Position, RecordedEventRef};
 
@@ -77,6 +80,12 @@ pub enum AggState {
     Vm(Box<VmState>),
     /// `vmi/<ns>/<name>` (standalone VMIs).
     Vmi(Box<VmiState>),
+    /// `snapshot/<ns>/<name>` (core's snapshot aggregate; its `object` is the object fold).
+    Snapshot(Box<SnapshotState>),
+    /// `restore/<ns>/<name>` (core's restore saga aggregate).
+    Restore(Box<RestoreState>),
+    /// `clone/<ns>/<name>` (core's clone saga aggregate).
+    Clone(Box<CloneState>),
     /// Every other managed kind.
     Object(Box<ObjectState>),
 }
@@ -88,6 +97,9 @@ impl AggState {
         match kind {
             Kind::VirtualMachine => AggState::Vm(Box::default()),
             Kind::VirtualMachineInstance => AggState::Vmi(Box::default()),
+            Kind::VirtualMachineSnapshot => AggState::Snapshot(Box::default()),
+            Kind::VirtualMachineRestore => AggState::Restore(Box::default()),
+            Kind::VirtualMachineClone => AggState::Clone(Box::default()),
             _ => AggState::Object(Box::default()),
         }
     }
@@ -97,7 +109,23 @@ impl AggState {
         match self {
             AggState::Vm(s) => **s = vm::evolve(std::mem::take(&mut **s), event),
             AggState::Vmi(s) => **s = vmi::evolve(std::mem::take(&mut **s), event),
+            AggState::Snapshot(s) => **s = snapshot::evolve(std::mem::take(&mut **s), event),
+            AggState::Restore(s) => **s = restore::evolve(std::mem::take(&mut **s), event),
+            AggState::Clone(s) => **s = clone::evolve(std::mem::take(&mut **s), event),
             AggState::Object(s) => **s = object::evolve(std::mem::take(&mut **s), event),
+        }
+    }
+
+    /// The object fold of a snapshot, restore, clone or other object stream (`None` for VMs
+    /// and VMIs).
+    #[must_use]
+    pub fn object(&self) -> Option<&ObjectState> {
+        match self {
+            AggState::Vm(_) | AggState::Vmi(_) => None,
+            AggState::Snapshot(s) => Some(&s.object),
+            AggState::Restore(s) => Some(&s.object),
+            AggState::Clone(s) => Some(&s.object),
+            AggState::Object(s) => Some(s),
         }
     }
 
@@ -107,6 +135,9 @@ impl AggState {
         match self {
             AggState::Vm(s) => s.revision,
             AggState::Vmi(s) => s.revision,
+            AggState::Snapshot(s) => s.object.revision,
+            AggState::Restore(s) => s.object.revision,
+            AggState::Clone(s) => s.object.revision,
             AggState::Object(s) => s.revision,
         }
     }
@@ -117,6 +148,9 @@ impl AggState {
         match self {
             AggState::Vm(s) => s.is_live(),
             AggState::Vmi(s) => s.is_live(),
+            AggState::Snapshot(s) => s.is_live(),
+            AggState::Restore(s) => s.is_live(),
+            AggState::Clone(s) => s.is_live(),
             AggState::Object(s) => s.is_live(),
         }
     }
@@ -128,6 +162,9 @@ impl AggState {
         match self {
             AggState::Vm(s) => s.generation,
             AggState::Vmi(s) => u64::from(s.uid.is_some()),
+            AggState::Snapshot(s) => s.object.generation,
+            AggState::Restore(s) => s.object.generation,
+            AggState::Clone(s) => s.object.generation,
             AggState::Object(s) => s.generation,
         }
     }

@@ -618,11 +618,22 @@ fn sorted_refs(model: &ReadModel, idxs: Vec<u32>) -> Vec<ObjectRef> {
 /// Applies every event after `from` to `model` with the log's zero-copy scan.
 fn scan_into(log: &dyn EventLog, model: &mut ReadModel, from: Position) -> Result<Position> {
     let mut failure = None;
-    log.scan(from, &mut |event| match model.apply(event) {
-        Ok(()) => ControlFlow::Continue(()),
-        Err(e) => {
-            failure = Some(e);
+    log.scan(from, &mut |event| {
+        fail::fail_point!("projections::apply", |_| {
+            failure = Some(Error::Invalid {
+                reason: format!(
+                    "projections::apply: injected by a fail point before position {}",
+                    event.position.0
+                ),
+            });
             ControlFlow::Break(())
+        });
+        match model.apply(event) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failure = Some(e);
+                ControlFlow::Break(())
+            }
         }
     })?;
     if let Some(e) = failure {

@@ -278,7 +278,9 @@ impl ReadModel {
 
     fn mark_dirty(&mut self, idx: u32) {
         let entry = &mut self.data.entries[idx as usize];
-        if entry.kind == kind_index(Kind::VirtualMachine) && entry.live {
+        let indexed = entry.kind == kind_index(Kind::VirtualMachine)
+            || entry.kind == kind_index(Kind::VirtualMachineInstance);
+        if indexed && entry.live {
             entry.dirty = true;
             self.dirty.insert(idx);
         }
@@ -341,6 +343,11 @@ impl ReadModel {
             let snapshot = cache.state_at(log, &entry.stream, entry.kind(), entry.revision())?;
             let derived = match &snapshot.state {
                 AggState::Vm(state) if state.is_live() => derived_of(state),
+                // Standalone VMIs request features too (`features usage` lists them).
+                AggState::Vmi(state) if state.is_live() => Derived {
+                    features: crate::features::vmi_state_features(state),
+                    ..Derived::default()
+                },
                 _ => Derived::default(),
             };
             let old = std::mem::replace(&mut self.data.entries[idx as usize].derived, derived);

@@ -50,23 +50,38 @@ pub fn render(
     match (&snapshot.state, kind) {
         (AggState::Vm(s), Kind::VirtualMachine) => render_vm(snapshot, s, features, now_ms),
         (AggState::Vm(s), Kind::VirtualMachineInstance) => render_vm_vmi(snapshot, s),
-        (AggState::Vmi(s), Kind::VirtualMachineInstance) => render_vmi(snapshot, s),
-        (AggState::Object(s), _) => {
-            let manifest = s.render()?;
-            let mut object = manifest.to_value();
-            finish_meta(&mut object, snapshot);
-            Some(ObjectView {
-                kind: manifest.kind(),
-                namespace: s.namespace.clone(),
-                name: s.name.clone(),
-                uid: s.uid.map(|u| u.to_string()),
-                generation: s.generation,
-                resource_version: snapshot.position,
-                object,
-            })
+        (AggState::Vmi(s), Kind::VirtualMachineInstance) => render_vmi(snapshot, s, features),
+        (AggState::Snapshot(x), _) => {
+            render_object(snapshot, &x.object, vmplane_core::snapshot::render(x)?)
         }
+        (AggState::Restore(x), _) => {
+            render_object(snapshot, &x.object, vmplane_core::restore::render(x)?)
+        }
+        (AggState::Clone(x), _) => {
+            render_object(snapshot, &x.object, vmplane_core::clone::render(x)?)
+        }
+        (AggState::Object(s), _) => render_object(snapshot, s, s.render()?),
         _ => None,
     }
+}
+
+/// A stored object (`manifest`, rendered by its aggregate) with the log's metadata.
+fn render_object(
+    snapshot: &Snapshot,
+    s: &vmplane_core::ObjectState,
+    manifest: vmplane_core::types::Manifest,
+) -> Option<ObjectView> {
+    let mut object = manifest.to_value();
+    finish_meta(&mut object, snapshot);
+    Some(ObjectView {
+        kind: manifest.kind(),
+        namespace: s.namespace.clone(),
+        name: s.name.clone(),
+        uid: s.uid.map(|u| u.to_string()),
+        generation: s.generation,
+        resource_version: snapshot.position,
+        object,
+    })
 }
 
 fn finish_meta(object: &mut Value, snapshot: &Snapshot) {
@@ -197,7 +212,7 @@ fn render_vm_vmi(snapshot: &Snapshot, s: &VmState) -> Option<ObjectView> {
     })
 }
 
-fn render_vmi(snapshot: &Snapshot, s: &VmiState) -> Option<ObjectView> {
+fn render_vmi(snapshot: &Snapshot, s: &VmiState, features: &Features) -> Option<ObjectView> {
     if !s.is_live() {
         return None;
     }
@@ -216,6 +231,14 @@ fn render_vmi(snapshot: &Snapshot, s: &VmiState) -> Option<ObjectView> {
     }
     if let Some(fw) = &s.firmware {
         status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
+    }
+    // Derived, like every status: a Pending VMI that requests a disabled feature says so.
+    let conditions: Vec<Value> = vmplane_core::lifecycle::vmi_conditions(s, features)
+        .iter()
+        .map(vmplane_core::lifecycle::Condition::to_json)
+        .collect();
+    if !conditions.is_empty() {
+        status.insert("conditions".into(), Value::Array(conditions));
     }
     vmi.status = Some(Value::Object(status));
     let mut object = serde_json::to_value(&vmi).ok()?;

@@ -317,3 +317,44 @@ fn feature_usage_lists_the_vms_that_request_it_among_thousands() {
         "features usage over {VMS} VMs: first {elapsed:?}, again {warm:?} (CLI process start and gRPC round trip included)"
     );
 }
+
+#[test]
+fn a_standalone_vmi_with_a_disabled_feature_stays_pending_and_is_listed_as_a_user() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let cli = Cli::new(&server);
+    let vmi = "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: lone\nspec:\n  domain:\n    memory: {guest: 64Mi}\n    devices:\n      downwardMetrics: {}\n";
+    apply(&cli, vmi);
+    std::thread::sleep(Duration::from_millis(800));
+    let got: Value =
+        serde_json::from_str(&cli.ok(&["get", "vmi", "lone", "-o", "json"])).expect("VMI JSON");
+    assert_ne!(
+        got["status"]["phase"], "Running",
+        "a blocked VMI must not run: {got}"
+    );
+    assert!(
+        got["status"]["nodeName"].is_null(),
+        "a blocked VMI is not scheduled: {got}"
+    );
+    let sync = condition(&got, "Synchronized").expect("Synchronized condition");
+    assert_eq!(
+        (sync["status"].as_str(), sync["reason"].as_str()),
+        (Some("False"), Some("FeatureNotEnabled"))
+    );
+    let usage: Value =
+        serde_json::from_str(&cli.ok(&["features", "usage", "DownwardMetrics", "-o", "json"]))
+            .expect("usage JSON");
+    assert!(
+        usage["usedBy"].as_array().is_some_and(|u| u
+            .iter()
+            .any(|x| x["kind"] == "VirtualMachineInstance" && x["name"] == "lone")),
+        "{usage}"
+    );
+    // Enabling the feature lets it run.
+    apply(&cli, &kubevirt_config(true));
+    eventually("the VMI runs once the feature is enabled", || {
+        let v: Value =
+            serde_json::from_str(&cli.ok(&["get", "vmi", "lone", "-o", "json"])).expect("VMI JSON");
+        v["status"]["phase"] == "Running"
+    });
+}

@@ -8,6 +8,7 @@
 //! If the daemon or the emulator cannot run here, the test **fails** with the reason; set
 //! `VMPLANE_SKIP_QEMU=1` to skip it instead (it then prints a SKIPPED line).
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -30,11 +31,42 @@ const PROCESS_GONE_MS: u64 = 10_000;
 /// The private root `scripts/install-qemu.sh` unpacks QEMU into when it cannot be installed.
 const PRIVATE_EMULATOR: &str = "/opt/vmplane-qemu/usr/bin/qemu-system-x86_64";
 
+/// The lock every real-QEMU test of the workspace holds while its libvirtd runs (only one
+/// libvirtd QEMU driver can run per machine; `tests/qemu_harness.rs` takes it too).
+const QEMU_TEST_LOCK: &str = "/tmp/vmplane-qemu-test.lock";
+
+/// An exclusive `flock` on [`QEMU_TEST_LOCK`], released when dropped (the file closes).
+struct QemuLock {
+    _file: std::fs::File,
+}
+
+impl QemuLock {
+    fn acquire() -> Result<QemuLock, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(QEMU_TEST_LOCK)
+            .map_err(|e| format!("open {QEMU_TEST_LOCK}: {e}"))?;
+        // SAFETY: flock on a file descriptor this function owns for the call's duration.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        if rc != 0 {
+            return Err(format!(
+                "flock {QEMU_TEST_LOCK}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(QemuLock { _file: file })
+    }
+}
+
 /// virtlogd and libvirtd, started by this test (killed by PID on drop).
 struct Daemons {
     dir: tempfile::TempDir,
     emulator: PathBuf,
     started_pids: Vec<(&'static str, u32)>,
+    // Dropped after the daemons are killed (fields drop after `Drop::drop`).
+    _lock: QemuLock,
 }
 
 impl Daemons {
@@ -46,6 +78,7 @@ impl Daemons {
     }
 
     fn start() -> Result<Daemons, String> {
+        let lock = QemuLock::acquire()?;
         let uid = Command::new("id")
             .arg("-u")
             .output()
@@ -85,6 +118,7 @@ impl Daemons {
             dir,
             emulator,
             started_pids: Vec::new(),
+            _lock: lock,
         };
         let d = daemons.dir.path().to_path_buf();
 

@@ -414,6 +414,9 @@ impl SledLog {
         accepted_events: usize,
         recorded_at: i64,
     ) -> Result<(sled::Batch, [u8; 32])> {
+        fail::fail_point!("store::commit::before_write", |_| Err(injected(
+            "store::commit::before_write"
+        )));
         let first_position = state.last_position + 1;
         let payload_bytes: usize = group
             .iter()
@@ -517,11 +520,20 @@ impl SledLog {
     /// One `apply_batch`, one `flush`, one `fdatasync` (and new blob files, if sled made any).
     fn make_durable(&self, batch: sled::Batch, last_position: u64) -> Result<()> {
         super::guarded("committing", || {
+            fail::fail_point!("store::commit::before_apply", |_| Err(injected(
+                "store::commit::before_apply"
+            )));
             self.db
                 .apply_batch(batch)
                 .map_err(engine("applying a batch"))?;
             self.applied.store(last_position, Ordering::Release);
+            fail::fail_point!("store::commit::before_flush", |_| Err(injected(
+                "store::commit::before_flush"
+            )));
             self.db.flush().map_err(engine("flushing"))?;
+            fail::fail_point!("store::commit::before_fdatasync", |_| Err(injected(
+                "store::commit::before_fdatasync"
+            )));
             self.data_file.sync_data().map_err(|source| Error::Io {
                 context: "fdatasync of sled's data file",
                 source,
@@ -529,7 +541,11 @@ impl SledLog {
             lock(&self.blobs).sync().map_err(|source| Error::Io {
                 context: "syncing sled's blob files",
                 source,
-            })
+            })?;
+            fail::fail_point!("store::commit::before_ack", |_| Err(injected(
+                "store::commit::before_ack"
+            )));
+            Ok(())
         })
     }
 
@@ -622,6 +638,17 @@ fn replay_or_reuse(request: &AppendRequest, locations: &[Option<IdLocation>]) ->
         last_revision: first.revision + count - 1,
         replayed: true,
     })
+}
+
+/// The error a `return` fail point injects (see `store/tests/failpoints.rs`).
+// Used only where `fail/failpoints` is on (this crate's `failpoints`, or another crate's, since
+// cargo unifies `fail`'s features).
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn injected(point: &'static str) -> Error {
+    Error::Io {
+        context: point,
+        source: std::io::Error::other("injected by a fail point"),
+    }
 }
 
 fn stored_ref(stored: &StoredEvent) -> RecordedEventRef<'_> {
