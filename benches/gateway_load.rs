@@ -175,6 +175,8 @@ fn main() -> anyhow::Result<()> {
         backend: Backend::Sled,
         auth: None,
         metrics_listen: None,
+        etcd_endpoints: Vec::new(),
+        etcd_prefix: "vmplane".into(),
         // The control plane alone: no reconciler competing for the cores.
         hypervisor: vec!["none".into()],
     };

@@ -4,6 +4,8 @@
 //! loopback port the server picks itself (`--listen 127.0.0.1:0`; the ready line says which).
 //! This library holds the harness; the tests are in `e2e/`, one module per area.
 
+pub mod qemu_harness;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -88,22 +88,7 @@ impl Api {
 
     /// The caller, from its bearer token.
     fn principal(&self, metadata: &MetadataMap) -> Result<Principal, Status> {
-        let Some(auth) = &self.auth else {
-            tracing::Span::current().record("principal", "local");
-            return Ok(Principal::local());
-        };
-        let token = metadata
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                Status::unauthenticated("no bearer token: pass --token or VMPLANE_TOKEN")
-            })?;
-        let principal = auth
-            .authenticate(token.trim())
-            .ok_or_else(|| Status::unauthenticated("the bearer token is not valid"))?;
-        tracing::Span::current().record("principal", principal.name.as_str());
-        Ok(principal)
+        crate::auth::principal_of(self.auth.as_deref(), metadata)
     }
 }
 

@@ -292,6 +292,30 @@ impl Authenticator {
     }
 }
 
+/// The principal of a request: from its `authorization: Bearer <token>` entry when the server
+/// has an authenticator, else `local` (admin). Records it on the request's tracing span.
+pub fn principal_of(
+    auth: Option<&Authenticator>,
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<Principal, tonic::Status> {
+    let principal = match auth {
+        None => Principal::local(),
+        Some(auth) => {
+            let token = metadata
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .ok_or_else(|| {
+                    tonic::Status::unauthenticated("no bearer token: pass --token or VMPLANE_TOKEN")
+                })?;
+            auth.authenticate(token.trim())
+                .ok_or_else(|| tonic::Status::unauthenticated("the bearer token is not valid"))?
+        }
+    };
+    tracing::Span::current().record("principal", principal.name.as_str());
+    Ok(principal)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

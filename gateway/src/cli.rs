@@ -259,6 +259,9 @@ pub enum AdminCommand {
 pub enum Backend {
     /// The embedded log on sled, in `--data`.
     Sled,
+    /// The log on an etcd cluster (`--etcd-endpoints`), shared by several vmplane servers;
+    /// `--data` then holds only this server's projection checkpoint.
+    Etcd,
 }
 
 impl Backend {
@@ -266,6 +269,7 @@ impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Sled => "sled",
+            Backend::Etcd => "etcd",
         }
     }
 }
@@ -283,6 +287,19 @@ pub struct ServeArgs {
     /// Storage backend of the log.
     #[arg(long, value_enum, default_value_t = Backend::Sled)]
     pub backend: Backend,
+
+    /// etcd client URLs, comma-separated (with `--backend etcd`).
+    #[arg(
+        long,
+        value_name = "URL,...",
+        value_delimiter = ',',
+        required_if_eq("backend", "etcd")
+    )]
+    pub etcd_endpoints: Vec<String>,
+
+    /// Key prefix of the log in etcd: servers sharing a log use the same one.
+    #[arg(long, value_name = "PREFIX", default_value = "vmplane")]
+    pub etcd_prefix: String,
 
     /// A libvirt node for the reconciler, as URI or NAME=URI (repeatable: one per node), or
     /// `none` to run without a reconciler. libvirt's test driver is real libvirt with

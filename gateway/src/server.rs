@@ -104,9 +104,13 @@ pub async fn serve(
     let follower = projections.follow(stop_follow.clone());
     let reconciler =
         start_reconciler(&args.hypervisor, projections.clone(), commands.clone()).await?;
+    // Snapshots, restores and clones: resumed at start, re-driven on a timer and after writes.
+    let sagas = crate::sagas::Sagas::new(commands.clone(), projections.clone());
+    let saga_driver = sagas.spawn().context("start the saga driver")?;
     let api = Arc::new(
-        Api::new(log.clone(), projections.clone(), commands, auth)
-            .with_wake(reconciler.as_ref().map(|r| r.wake_handle())),
+        Api::new(log.clone(), projections.clone(), commands, auth.clone())
+            .with_wake(reconciler.as_ref().map(|r| r.wake_handle()))
+            .with_sagas(Some(sagas.clone())),
     );
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -143,10 +147,13 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(pb::admin_server::AdminServer::new(AdminService::new(
-            log.clone(),
-            args.backend.name(),
-        )))
+        .add_service(
+            pb::admin_server::AdminServer::new(
+                AdminService::new(log.clone(), args.backend.name())
+                    .with_auth_and_data(auth.clone(), &args.data),
+            )
+            .max_encoding_message_size(RESPONSE_BYTES_MAX),
+        )
         .add_service(
             pb::objects_server::ObjectsServer::from_arc(api.clone())
                 .max_decoding_message_size(REQUEST_BYTES_MAX)
@@ -161,6 +168,7 @@ pub async fn serve(
                 .max_decoding_message_size(REQUEST_BYTES_MAX)
                 .max_encoding_message_size(RESPONSE_BYTES_MAX),
         )
+        .add_service(pb::cluster_server::ClusterServer::from_arc(api.clone()))
         .add_service(
             pb::watch_server::WatchServer::from_arc(api.clone())
                 .max_decoding_message_size(REQUEST_BYTES_MAX),
@@ -172,6 +180,8 @@ pub async fn serve(
         let _ = task.await;
     }
     // Stop the reconciler first: it records through the command path.
+    // The saga driver appends through the command path too.
+    let _ = tokio::task::spawn_blocking(move || drop(saga_driver)).await;
     if let Some(reconciler) = reconciler {
         let _ = tokio::task::spawn_blocking(move || drop(reconciler)).await;
     }
@@ -211,6 +221,19 @@ async fn open_log(args: &ServeArgs) -> anyhow::Result<Arc<dyn vmplane_store::Eve
                 .await
                 .context("open the log")?
                 .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
+            Ok(Arc::new(log))
+        }
+        Backend::Etcd => {
+            let options = vmplane_store_etcd::EtcdOptions::new(
+                args.etcd_endpoints.clone(),
+                args.etcd_prefix.clone(),
+            );
+            let shown = args.etcd_endpoints.join(",");
+            let log =
+                tokio::task::spawn_blocking(move || vmplane_store_etcd::EtcdLog::open(options))
+                    .await
+                    .context("open the log")?
+                    .with_context(|| format!("--etcd-endpoints {shown}: cannot open the log"))?;
             Ok(Arc::new(log))
         }
     }

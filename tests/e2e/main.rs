@@ -1,13 +1,19 @@
 //! End-to-end tests of the real `vmplane` binary. One module per area.
 
+mod crash_restart;
+mod dr;
 mod errors;
+mod etcd;
 mod features;
 mod fixtures;
+mod linearizability;
 mod manifests;
 mod metrics;
 mod output;
 mod permissions;
+mod qemu;
 mod serve;
+mod snapshots;
 mod walkthrough;
 mod watch;
 

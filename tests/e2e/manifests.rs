@@ -22,6 +22,11 @@ const CONFLICTS_WITH_INSTANCETYPE: &[&str] = &[
     "examples/vm-windows-clarge-windows.yaml",
 ];
 
+/// The user guide's clone snippet with a placeholder MAC (`interfaceName: "00-11-22"`): `apply`
+/// of a VirtualMachineClone runs core's clone admission (`newMacAddresses` must be MACs), which
+/// refuses it with the field and the value.
+const MALFORMED_CLONE_MAC: &str = "user-guide-snippets/vmclone-testclone-filters.yaml";
+
 /// Kinds vmplane parses but does not manage: applying them is refused, naming the kind.
 const NOT_MANAGED: &[&str] = &[
     "VirtualMachineInstanceMigration",
@@ -94,6 +99,13 @@ fn expectation(rel: &str, docs: &[(String, String, Value)]) -> Expect {
             "invalid:",
             "spec.template.spec.domain.memory.guest",
             "conflicts with selected instance type",
+        ]);
+    }
+    if rel == MALFORMED_CLONE_MAC {
+        return Expect::Rejected(vec![
+            "invalid:",
+            "spec.newMacAddresses.interfaceName",
+            "malformed MAC address (00-11-22)",
         ]);
     }
     if let Some((kind, _, _)) = docs
