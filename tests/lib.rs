@@ -4,7 +4,9 @@
 //! loopback port the server picks itself (`--listen 127.0.0.1:0`; the ready line says which).
 //! This library holds the harness; the tests are in `e2e/`, one module per area.
 
-pub mod qemu_harness;
+/// The real-QEMU harness (virtlogd + libvirtd with a private socket), shared with the
+/// hypervisor crate's own QEMU test.
+pub use vmplane_hypervisor::qemu_harness;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -64,6 +64,8 @@ pub mod hypervisor;
 pub mod libvirt;
 pub mod mapping;
 pub mod nodes;
+#[cfg(feature = "qemu-harness")]
+pub mod qemu_harness;
 pub mod reconciler;
 pub mod spec;
 pub mod xml;

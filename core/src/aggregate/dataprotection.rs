@@ -368,7 +368,7 @@ pub(crate) fn admit_manifest(
             return Err(Rejection::invalid(
                 "spec",
                 codes::SPEC_IMMUTABLE,
-                "spec in immutable after creation",
+                "spec is immutable after creation",
             ));
         }
         return Ok(None);

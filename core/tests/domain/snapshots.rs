@@ -580,7 +580,7 @@ fn snapshot_spec_is_immutable_and_a_retried_create_is_unchanged() {
     assert_eq!(again, Decision::unchanged());
     let r = w.take(snapshot_manifest("snap", "other"));
     let r = assert_rejected(r, Category::Invalid, codes::SPEC_IMMUTABLE);
-    assert_eq!(r.causes[0].reason, "spec in immutable after creation");
+    assert_eq!(r.causes[0].reason, "spec is immutable after creation");
 }
 
 #[test]

@@ -1,7 +1,7 @@
-//! The real-QEMU harness of the end-to-end tests: `virtlogd` and `libvirtd` started by the
-//! test (there is no systemd here) with a private socket directory and pid files, killed by
-//! PID on drop. A copy of the harness of `hypervisor/tests/libvirt/qemu.rs`; both take the
-//! same file lock ([`QEMU_TEST_LOCK`]) since only one libvirtd QEMU driver can run per machine.
+//! The real-QEMU test harness (feature `qemu-harness`, for tests only): `virtlogd` and
+//! `libvirtd` started by the test (there is no systemd here) with a private socket directory
+//! and pid files, killed by PID on drop. Every real-QEMU test of the workspace uses it and takes
+//! its file lock ([`QEMU_TEST_LOCK`]), since only one libvirtd QEMU driver can run per machine.
 //! Prerequisites: `scripts/install-qemu.sh` (root).
 
 use std::os::fd::AsRawFd;
