@@ -1,8 +1,8 @@
 //! INTERFACE.md's "first five minutes", exactly as a newcomer types it, on a fresh server (the
 //! README's run command, the project's own `examples/`, namespace `default`).
 //!
-//! Not covered here yet: `get vmi demo` after `start` (VMI phases are the hypervisor tests'
-//! business), and the `snapshot`/`clone` shorthands, which the CLI does not have yet.
+//! The server runs its real reconciler on libvirt's test driver, so `get vmi demo` after
+//! `start` shows the VMI Running on a node.
 
 use vmplane_tests::{Cli, Server, repo_root};
 
@@ -99,6 +99,29 @@ fn the_first_five_minutes_work_as_written() {
         vmplane.ok(&["start", "demo"]),
         "virtualmachine/demo start requested\n"
     );
+    // vmplane get vmi demo: Running, on a node (the reconciler acts asynchronously).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (code, out, _) = vmplane.run(&["get", "vmi", "demo"]);
+        if code == 0 {
+            let (header, rows) = table_cells(&out);
+            assert_eq!(header, ["NAME", "PHASE", "AGE", "NODE", "FIRMWARE-UUID"]);
+            if rows[0][1] == "Running" {
+                assert_eq!(rows[0][3], "node1", "on a node");
+                assert_eq!(
+                    rows[0][4],
+                    firmware.to_string(),
+                    "the VMI runs with the VM's firmware UUID"
+                );
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the VMI did not reach Running: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 
     // vmplane apply -f examples/vm-bigger.yaml: an edit, generation 2, same firmware.
     let out = vmplane.ok(&["apply", "-f", bigger_yaml.to_str().expect("utf-8")]);
@@ -188,6 +211,22 @@ fn the_first_five_minutes_work_as_written() {
         firmware.to_string()
     );
 
+    // vmplane snapshot demo snap1 && vmplane clone demo demo2
+    let out = vmplane.ok(&["snapshot", "demo", "snap1"]);
+    assert!(out.contains("snap1") && out.contains("Succeeded"), "{out}");
+    vmplane.ok(&["clone", "demo", "demo2"]);
+    let clone: serde_json::Value =
+        serde_json::from_str(&vmplane.ok(&["get", "vm", "demo2", "-o", "json"]))
+            .expect("clone JSON");
+    let clone_uuid = clone["spec"]["template"]["spec"]["domain"]["firmware"]["uuid"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        !clone_uuid.is_empty() && clone_uuid != firmware.to_string(),
+        "a clone gets a new firmware UUID"
+    );
+    assert_eq!(clone["status"]["firmwareUUIDOrigin"], "Cloned");
+
     // vmplane audit: who did all that, in order.
     let out = vmplane.ok(&["audit"]);
     let (header, rows) = table_cells(&out);
@@ -211,16 +250,34 @@ fn the_first_five_minutes_work_as_written() {
         .collect();
     assert_eq!(
         by_user,
-        ["VmCreated", "VmStartRequested", "VmSpecEdited"],
+        [
+            "VmCreated",
+            "VmStartRequested",
+            "VmSpecEdited",
+            "ObjectCreated",
+            "SnapshotTaken",
+            "ObjectCreated",
+            "CloneStarted",
+            "VmCreated",
+            "CloneSucceeded"
+        ],
         "{out}"
     );
     for r in &rows {
         assert_eq!(r[3], "default", "{out}");
-        assert_eq!(r[5], "demo", "{out}");
         if r[2] == "local" {
-            assert_eq!(r[4], "VirtualMachine", "{out}");
+            assert!(
+                [
+                    "VirtualMachine",
+                    "VirtualMachineSnapshot",
+                    "VirtualMachineClone"
+                ]
+                .contains(&r[4].as_str()),
+                "{out}"
+            );
         } else {
             assert!(r[2].starts_with("system:"), "{out}");
+            assert_eq!(r[5], "demo", "only demo was started: {out}");
         }
     }
     let positions: Vec<u64> = rows
