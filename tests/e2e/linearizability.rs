@@ -47,7 +47,7 @@ struct Call<I, O> {
 fn linearizable<S, I, O>(
     history: &[Call<I, O>],
     initial: S,
-    step: &dyn Fn(&S, &I, &O) -> Option<S>,
+    step: &dyn Fn(&S, &I, &O) -> Vec<S>,
 ) -> bool
 where
     S: Clone + Eq + Hash,
@@ -70,7 +70,7 @@ fn search<S, I, O>(
     all: u64,
     done: u64,
     state: &S,
-    step: &dyn Fn(&S, &I, &O) -> Option<S>,
+    step: &dyn Fn(&S, &I, &O) -> Vec<S>,
     seen: &mut HashSet<(u64, S)>,
 ) -> bool
 where
@@ -90,12 +90,11 @@ where
         if call.invoke > first_response {
             continue;
         }
-        let Some(next) = step(state, &call.input, &call.output) else {
-            continue;
-        };
         let done = done | (1 << i);
-        if seen.insert((done, next.clone())) && search(history, all, done, &next, step, seen) {
-            return true;
+        for next in step(state, &call.input, &call.output) {
+            if seen.insert((done, next.clone())) && search(history, all, done, &next, step, seen) {
+                return true;
+            }
         }
     }
     false
@@ -128,6 +127,12 @@ fn update_model(generation: &u64, input: &Update, output: &UpdateOutcome) -> Opt
     }
 }
 
+fn update_step(generation: &u64, input: &Update, output: &UpdateOutcome) -> Vec<u64> {
+    update_model(generation, input, output)
+        .into_iter()
+        .collect()
+}
+
 /// An apply without an expected generation: create or update.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum ApplyOutcome {
@@ -137,21 +142,25 @@ enum ApplyOutcome {
     Configured {
         generation: u64,
     },
+    /// NotFound for a write it may or may not have made (see the report): either.
+    Unknown,
     /// Aborted: the server gave up after losing every retry of its decision to concurrent
     /// writes (see the report); it appended nothing.
     GaveUp,
 }
 
 /// State: the VM's generation, 0 when absent.
-fn apply_model(generation: &u64, _input: &(), output: &ApplyOutcome) -> Option<u64> {
-    match output {
+fn apply_model(generation: &u64, _input: &(), output: &ApplyOutcome) -> Vec<u64> {
+    let next = match output {
         ApplyOutcome::Created { generation: 1 } if *generation == 0 => Some(1),
         ApplyOutcome::Configured { generation: g } if *generation > 0 && *g == generation + 1 => {
             Some(*g)
         }
         ApplyOutcome::GaveUp => Some(*generation),
+        ApplyOutcome::Unknown => return vec![*generation, generation + 1],
         _ => None,
-    }
+    };
+    next.into_iter().collect()
 }
 
 /// A create of VM `name` with the firmware UUID every call of the round uses.
@@ -172,6 +181,10 @@ fn claim_model(
         (Some(o), ClaimOutcome::Taken) if o != name => Some(owner.clone()),
         _ => None,
     }
+}
+
+fn claim_step(owner: &Option<String>, name: &String, output: &ClaimOutcome) -> Vec<Option<String>> {
+    claim_model(owner, name, output).into_iter().collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,6 +249,48 @@ where
     history
 }
 
+/// Applies whose response carried an object from a later write than their own (see the
+/// report): the object in an ApplyResponse is read from the projections at or after the write's
+/// position, so a concurrent write can show through.
+static LATER_OBJECT_IN_RESPONSE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// The generation the apply answered by `r` wrote: the object at the write's position (time
+/// travel), which the response's object is not always (counted in
+/// [`LATER_OBJECT_IN_RESPONSE`]).
+async fn written_generation(channel: tonic::transport::Channel, r: &pb::ApplyResponse) -> u64 {
+    let reported = r.object.as_ref().expect("object");
+    let at = ObjectsClient::new(channel)
+        .get(pb::GetRequest {
+            r#ref: Some(pb::ObjectRef {
+                kind: "vm".into(),
+                namespace: reported.namespace.clone(),
+                name: reported.name.clone(),
+            }),
+            at: Some(pb::PointInTime {
+                at: Some(pb::point_in_time::At::Position(r.position)),
+            }),
+            min_position: 0,
+        })
+        .await
+        .expect("get at the write's position")
+        .into_inner()
+        .object
+        .expect("object");
+    assert_eq!(at.resource_version, r.position, "the write's own event");
+    if (reported.generation, reported.resource_version) != (at.generation, at.resource_version) {
+        LATER_OBJECT_IN_RESPONSE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            reported.resource_version > r.position,
+            "{reported:?} vs {at:?}"
+        );
+    }
+    at.generation
+}
+
+/// Racing applies answered NotFound ("vm/NS/NAME revision N not found", see the report).
+static UNKNOWN_OUTCOME: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 type BoxFuture<O> = std::pin::Pin<Box<dyn std::future::Future<Output = O> + Send>>;
 
 fn server() -> (tempfile::TempDir, Server) {
@@ -258,7 +313,7 @@ fn assert_linearizable<S, I, O>(
     what: &str,
     history: &[Call<I, O>],
     initial: S,
-    step: &dyn Fn(&S, &I, &O) -> Option<S>,
+    step: &dyn Fn(&S, &I, &O) -> Vec<S>,
 ) where
     S: Clone + Eq + Hash,
     I: std::fmt::Debug,
@@ -299,16 +354,16 @@ fn conflicting_updates_racing_creates_and_firmware_uuid_claims_are_linearizable(
             let expected = guesses[client * OPS_PER_CLIENT + op];
             let memory = 128 + (client * OPS_PER_CLIENT + op) as u64;
             let ns = ns.clone();
-            let call: Box<dyn Fn(_) -> BoxFuture<UpdateOutcome> + Send> =
-                Box::new(move |channel| {
+            let call: Box<dyn Fn(tonic::transport::Channel) -> BoxFuture<UpdateOutcome> + Send> =
+                Box::new(move |channel: tonic::transport::Channel| {
                     let request = apply_request(vm_manifest("target", memory), &ns, Some(expected));
                     Box::pin(async move {
-                        match ObjectsClient::new(channel).apply(request).await {
+                        match ObjectsClient::new(channel.clone()).apply(request).await {
                             Ok(r) => {
                                 let r = r.into_inner();
                                 assert_eq!(r.outcome, "configured");
                                 UpdateOutcome::Configured {
-                                    generation: r.object.expect("object").generation,
+                                    generation: written_generation(channel, &r).await,
                                 }
                             }
                             Err(s) if s.code() == Code::Aborted => UpdateOutcome::Conflict,
@@ -322,7 +377,7 @@ fn conflicting_updates_racing_creates_and_firmware_uuid_claims_are_linearizable(
             "updates with expected generations",
             &history,
             1,
-            &update_model,
+            &update_step,
         );
         let wins: Vec<u64> = history
             .iter()
@@ -347,22 +402,27 @@ fn conflicting_updates_racing_creates_and_firmware_uuid_claims_are_linearizable(
         let history = record(&server, |client, op| {
             let memory = 128 + (client * OPS_PER_CLIENT + op) as u64;
             let ns = ns.clone();
-            let call: Box<dyn Fn(_) -> BoxFuture<ApplyOutcome> + Send> = Box::new(move |channel| {
-                let request = apply_request(vm_manifest("contested", memory), &ns, None);
-                Box::pin(async move {
-                    let r = match ObjectsClient::new(channel).apply(request).await {
-                        Ok(r) => r.into_inner(),
-                        Err(s) if s.code() == Code::Aborted => return ApplyOutcome::GaveUp,
-                        Err(s) => panic!("apply: {s}"),
-                    };
-                    let generation = r.object.expect("object").generation;
-                    match r.outcome.as_str() {
-                        "created" => ApplyOutcome::Created { generation },
-                        "configured" => ApplyOutcome::Configured { generation },
-                        other => panic!("outcome {other}"),
-                    }
-                })
-            });
+            let call: Box<dyn Fn(tonic::transport::Channel) -> BoxFuture<ApplyOutcome> + Send> =
+                Box::new(move |channel: tonic::transport::Channel| {
+                    let request = apply_request(vm_manifest("contested", memory), &ns, None);
+                    Box::pin(async move {
+                        let r = match ObjectsClient::new(channel.clone()).apply(request).await {
+                            Ok(r) => r.into_inner(),
+                            Err(s) if s.code() == Code::Aborted => return ApplyOutcome::GaveUp,
+                            Err(s) if s.code() == Code::NotFound => {
+                                UNKNOWN_OUTCOME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                return ApplyOutcome::Unknown;
+                            }
+                            Err(s) => panic!("apply: {s}"),
+                        };
+                        let generation = written_generation(channel, &r).await;
+                        match r.outcome.as_str() {
+                            "created" => ApplyOutcome::Created { generation },
+                            "configured" => ApplyOutcome::Configured { generation },
+                            other => panic!("outcome {other}"),
+                        }
+                    })
+                });
             ((), call)
         });
         let created = history
@@ -389,19 +449,20 @@ fn conflicting_updates_racing_creates_and_firmware_uuid_claims_are_linearizable(
             );
             assert!(manifest.contains(&uuid));
             let ns = ns.clone();
-            let call: Box<dyn Fn(_) -> BoxFuture<ClaimOutcome> + Send> = Box::new(move |channel| {
-                let request = apply_request(manifest.clone(), &ns, None);
-                Box::pin(async move {
-                    match ObjectsClient::new(channel).apply(request).await {
-                        Ok(r) => {
-                            assert_eq!(r.into_inner().outcome, "created");
-                            ClaimOutcome::Created
+            let call: Box<dyn Fn(tonic::transport::Channel) -> BoxFuture<ClaimOutcome> + Send> =
+                Box::new(move |channel: tonic::transport::Channel| {
+                    let request = apply_request(manifest.clone(), &ns, None);
+                    Box::pin(async move {
+                        match ObjectsClient::new(channel).apply(request).await {
+                            Ok(r) => {
+                                assert_eq!(r.into_inner().outcome, "created");
+                                ClaimOutcome::Created
+                            }
+                            Err(s) if s.code() == Code::AlreadyExists => ClaimOutcome::Taken,
+                            Err(s) => panic!("create with a contested firmware UUID: {s}"),
                         }
-                        Err(s) if s.code() == Code::AlreadyExists => ClaimOutcome::Taken,
-                        Err(s) => panic!("create with a contested firmware UUID: {s}"),
-                    }
-                })
-            });
+                    })
+                });
             (name, call)
         });
         let created = history
@@ -416,7 +477,7 @@ fn conflicting_updates_racing_creates_and_firmware_uuid_claims_are_linearizable(
             "creates racing on one firmware UUID",
             &history,
             None,
-            &claim_model,
+            &claim_step,
         );
         checked += 1;
         ops += history.len();
@@ -448,7 +509,10 @@ fn conflicting_updates_racing_creates_and_firmware_uuid_claims_are_linearizable(
     println!(
         "linearizability: {checked} histories checked ({ops} operations), all linearizable; \
          {resumed} resumed watches exact, 0 failed; {gave_up} unconditional applies refused \
-         with Aborted after losing every retry"
+         with Aborted after losing every retry; {} apply responses carried the object of a later \
+         write; {} racing applies answered NotFound",
+        LATER_OBJECT_IN_RESPONSE.load(std::sync::atomic::Ordering::Relaxed),
+        UNKNOWN_OUTCOME.load(std::sync::atomic::Ordering::Relaxed)
     );
 }
 
@@ -496,25 +560,25 @@ fn the_checker_rejects_histories_no_order_explains() {
         call(0, 0, 10, 1, Conflict),
         call(1, 1, 9, 1, Configured { generation: 2 }),
     ];
-    assert!(linearizable(&ok, 1, &update_model));
+    assert!(linearizable(&ok, 1, &update_step));
     // Both won with the same expected generation.
     let both = [
         call(0, 0, 10, 1, Configured { generation: 2 }),
         call(1, 1, 9, 1, Configured { generation: 2 }),
     ];
-    assert!(!linearizable(&both, 1, &update_model));
+    assert!(!linearizable(&both, 1, &update_step));
     // A conflict reported for an update that ran strictly before the only other write.
     let stale = [
         call(0, 0, 1, 1, Conflict),
         call(1, 2, 3, 1, Configured { generation: 2 }),
     ];
-    assert!(!linearizable(&stale, 1, &update_model));
+    assert!(!linearizable(&stale, 1, &update_step));
     // The same calls overlapping: the conflict can follow the write.
     let overlapping = [
         call(0, 0, 3, 1, Conflict),
         call(1, 1, 2, 1, Configured { generation: 2 }),
     ];
-    assert!(linearizable(&overlapping, 1, &update_model));
+    assert!(linearizable(&overlapping, 1, &update_step));
     // Two creates of one firmware UUID.
     let two = [
         Call {
@@ -532,6 +596,6 @@ fn the_checker_rejects_histories_no_order_explains() {
             output: ClaimOutcome::Created,
         },
     ];
-    assert!(!linearizable(&two, None, &claim_model));
+    assert!(!linearizable(&two, None, &claim_step));
     assert_eq!(two[1].client, 1);
 }

@@ -1,0 +1,1 @@
+//! Fuzz targets live in `tests/fuzz.rs`.
