@@ -345,8 +345,11 @@ impl pb::objects_server::Objects for Api {
             let done = commands
                 .execute(&meta, command)
                 .map_err(|e| from_command(&object, e))?;
+            // The object as this write left it: at the write's own position, not whatever a
+            // concurrent later write made of it since (a client uses the reply's generation as
+            // its next expected generation).
             let view = projections
-                .get(kind, &namespace, &name, Some(done.position))
+                .get_at(kind, &namespace, &name, At::Position(done.position))
                 .map_err(|e| from_projection(&object, e))?
                 .ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
             let _ = wait;

@@ -506,6 +506,18 @@ fn conflicting_updates_racing_creates_and_firmware_uuid_claims_are_linearizable(
         }
         resumed
     });
+    // Both were server bugs (a reply describing a later write; a stream revision announced
+    // before it was readable), fixed: they must not come back.
+    assert_eq!(
+        LATER_OBJECT_IN_RESPONSE.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "an apply's reply carried the object as a later write left it"
+    );
+    assert_eq!(
+        UNKNOWN_OUTCOME.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "a racing apply was answered NotFound"
+    );
     println!(
         "linearizability: {checked} histories checked ({ops} operations), all linearizable; \
          {resumed} resumed watches exact, 0 failed; {gave_up} unconditional applies refused \

@@ -293,6 +293,50 @@ impl From<ParseError> for Rejection {
     }
 }
 
+/// Nesting of flow collections above which a file is refused before it is parsed (a generous
+/// multiple of [`MANIFEST_DEPTH_MAX`]: brackets inside plain scalars and block scalars, such as
+/// shell tests in cloud-init user data, count too).
+pub const FLOW_DEPTH_PRESCAN_MAX: usize = 4 * MANIFEST_DEPTH_MAX;
+
+/// `Some(limit)` if `[`/`{` nest deeper than `limit` outside quoted strings and comments: one
+/// pass, no allocation.
+fn flow_depth_over(text: &str, limit: usize) -> Option<usize> {
+    let (mut depth, mut quote, mut escaped, mut comment, mut prev) =
+        (0usize, None::<u8>, false, false, b'\n');
+    for &b in text.as_bytes() {
+        if comment {
+            comment = b != b'\n';
+        } else if let Some(q) = quote {
+            if q == b'"' && escaped {
+                escaped = false;
+            } else if q == b'"' && b == b'\\' {
+                escaped = true;
+            } else if b == q {
+                quote = None;
+            }
+        } else {
+            match b {
+                b'"' | b'\''
+                    if matches!(prev, b' ' | b'\t' | b'\n' | b'[' | b'{' | b',' | b':') =>
+                {
+                    quote = Some(b)
+                }
+                b'#' if matches!(prev, b' ' | b'\t' | b'\n') => comment = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    if depth > limit {
+                        return Some(limit);
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        prev = b;
+    }
+    None
+}
+
 /// Parses a YAML or JSON file of one or more documents into raw JSON values, enforcing every
 /// limit: the byte size is checked before anything is parsed; nesting depth, node count (after
 /// alias expansion) and string lengths after. Empty documents are skipped.
@@ -307,6 +351,18 @@ pub fn parse_documents(input: &[u8]) -> Result<Vec<Value>, ParseError> {
         document: 0,
         message: format!("not UTF-8: {e}"),
     })?;
+    // serde_yaml's cost grows with the square of flow-collection nesting and its own limit
+    // applies only after it has read everything: refuse deep `[`/`{` nesting in one linear pass
+    // first (the precise depth limit is checked on the parsed value below).
+    if let Some(depth) = flow_depth_over(text, FLOW_DEPTH_PRESCAN_MAX) {
+        return Err(ParseError::TooComplex {
+            document: 0,
+            what: format!(
+                "flow collections ([ ] or {{ }}) nested more than {depth} levels deep; \
+                 the limit is {MANIFEST_DEPTH_MAX}"
+            ),
+        });
+    }
     let first = text.trim_start().chars().next();
     let mut docs = Vec::new();
     if matches!(first, Some('{') | Some('[')) {
@@ -520,5 +576,38 @@ impl Manifest {
         };
         // Serializing these types to a Value cannot fail: every map key is a string.
         r.unwrap_or(Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod flow_depth_tests {
+    use super::*;
+
+    #[test]
+    fn deep_flow_nesting_is_refused_before_parsing() {
+        let deep = format!("a: {}{}", "[".repeat(100_000), "]".repeat(100_000));
+        match parse_documents(deep.as_bytes()) {
+            Err(ParseError::TooComplex { what, .. }) => assert!(what.contains("flow"), "{what}"),
+            other => panic!("expected TooComplex, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn brackets_in_strings_comments_and_scripts_do_not_count() {
+        let many = "[".repeat(FLOW_DEPTH_PRESCAN_MAX + 10);
+        let yaml = format!("a: \"{many}\"\nb: '{many}'\n# {many}\nc: [1, [2, {{d: 3}}]]\n");
+        assert_eq!(flow_depth_over(&yaml, FLOW_DEPTH_PRESCAN_MAX), None);
+        assert!(parse_documents(yaml.as_bytes()).is_ok());
+        let at_limit = format!(
+            "{}{}",
+            "[".repeat(FLOW_DEPTH_PRESCAN_MAX),
+            "]".repeat(FLOW_DEPTH_PRESCAN_MAX)
+        );
+        assert_eq!(flow_depth_over(&at_limit, FLOW_DEPTH_PRESCAN_MAX), None);
+        let over = format!("[{at_limit}]");
+        assert_eq!(
+            flow_depth_over(&over, FLOW_DEPTH_PRESCAN_MAX),
+            Some(FLOW_DEPTH_PRESCAN_MAX)
+        );
     }
 }

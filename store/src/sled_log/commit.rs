@@ -285,6 +285,12 @@ impl SledLog {
                 .collect();
         }
 
+        // Publish the durable head before the in-memory stream heads: a reader that learns a
+        // stream's new revision (`stream_revision`) must be able to read it (`read_stream` stops
+        // at the durable head). The other order let a racing reader see revision N and then
+        // fail to read it. A reader between the two sees the older revision, which the command
+        // path treats as a conflict and decides again.
+        self.publish_head(last_position);
         let mut state = lock(&self.state);
         state.last_position = last_position;
         state.last_hash = last_hash;
@@ -308,7 +314,6 @@ impl SledLog {
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.committed_events
             .fetch_add(last_position - first_position + 1, Ordering::Relaxed);
-        self.publish_head(last_position);
         self.maybe_record_head();
         decisions.into_iter().map(Decision::into_result).collect()
     }
