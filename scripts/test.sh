@@ -37,5 +37,5 @@ echo "== fault injection" >&2
 cargo test --locked -p vmplane-store -p vmplane-projections -p vmplane-hypervisor \
   --features "$FAILPOINTS" --test failpoints || status=$?
 echo "== fuzz targets (bounded: seeds, mutations, random inputs)" >&2
-(cd fuzz && cargo test --locked -- --nocapture) || status=$?
+(cd fuzz && cargo test --locked --test fuzz -- --nocapture) || status=$?
 exit $status
