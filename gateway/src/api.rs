@@ -300,11 +300,7 @@ impl pb::objects_server::Objects for Api {
         };
         let command = apply_command(manifest, r.expected_generation, r.import);
         let meta = meta(&p, request_id(&r.request_id)?);
-        let (commands, projections, wait) = (
-            self.commands.clone(),
-            self.projections.clone(),
-            self.read_wait,
-        );
+        let (commands, projections) = (self.commands.clone(), self.projections.clone());
         let response = blocking(move || {
             if r.dry_run {
                 let outcome = commands
@@ -352,7 +348,6 @@ impl pb::objects_server::Objects for Api {
                 .get_at(kind, &namespace, &name, At::Position(done.position))
                 .map_err(|e| from_projection(&object, e))?
                 .ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
-            let _ = wait;
             Ok(Response::new(pb::ApplyResponse {
                 object: Some(to_pb(&view)),
                 outcome: done.outcome.as_str().to_string(),

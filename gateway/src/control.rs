@@ -90,22 +90,10 @@ impl ControlPlane for ServerControlPlane {
             name: name.into(),
             command,
         };
-        let stream = command.stream();
-        let done = self
-            .commands
-            .execute(&Self::meta(), command)
-            .map_err(from_command)?;
-        let (snapshot, _) = self
-            .commands
-            .load(&stream, Kind::VirtualMachine)
-            .map_err(unavailable)?;
-        match &snapshot.state {
-            AggState::Vm(vm) => Ok(Executed {
-                state: (**vm).clone(),
-                events_appended: appended(&done),
-            }),
-            _ => Err(unavailable(format!("{stream} is not a VM stream"))),
-        }
+        self.execute_and_reload(command, Kind::VirtualMachine, |state| match state {
+            AggState::Vm(vm) => Some((**vm).clone()),
+            _ => None,
+        })
     }
 
     fn execute_vmi(
@@ -119,22 +107,34 @@ impl ControlPlane for ServerControlPlane {
             name: name.into(),
             command,
         };
+        self.execute_and_reload(command, Kind::VirtualMachineInstance, |state| match state {
+            AggState::Vmi(vmi) => Some((**vmi).clone()),
+            _ => None,
+        })
+    }
+}
+
+impl ServerControlPlane {
+    /// Runs `command` as the reconciler, then reloads its stream's state (`pick` takes the
+    /// aggregate of the expected kind out of it).
+    fn execute_and_reload<S>(
+        &self,
+        command: Command,
+        kind: Kind,
+        pick: impl FnOnce(&AggState) -> Option<S>,
+    ) -> Result<Executed<S>, ControlPlaneError> {
         let stream = command.stream();
         let done = self
             .commands
             .execute(&Self::meta(), command)
             .map_err(from_command)?;
-        let (snapshot, _) = self
-            .commands
-            .load(&stream, Kind::VirtualMachineInstance)
-            .map_err(unavailable)?;
-        match &snapshot.state {
-            AggState::Vmi(vmi) => Ok(Executed {
-                state: (**vmi).clone(),
-                events_appended: appended(&done),
-            }),
-            _ => Err(unavailable(format!("{stream} is not a VMI stream"))),
-        }
+        let (snapshot, _) = self.commands.load(&stream, kind).map_err(unavailable)?;
+        let state = pick(&snapshot.state)
+            .ok_or_else(|| unavailable(format!("{stream} is not a {} stream", kind.as_str())))?;
+        Ok(Executed {
+            state,
+            events_appended: appended(&done),
+        })
     }
 }
 
