@@ -177,6 +177,7 @@ fn main() -> anyhow::Result<()> {
         metrics_listen: None,
         etcd_endpoints: Vec::new(),
         etcd_prefix: "vmplane".into(),
+        leader_lease_seconds: 5,
         // The control plane alone: no reconciler competing for the cores.
         hypervisor: vec!["none".into()],
     };

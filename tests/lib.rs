@@ -169,6 +169,11 @@ impl Server {
         }
     }
 
+    /// The server process's id (for fault tests that signal it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything the server printed on stderr so far.
     pub fn stderr(&self) -> String {
         self.stderr_lines.lock().expect("lines lock").join("\n")

@@ -102,15 +102,8 @@ pub enum DesiredAction {
 /// captured instancetype and preference; the stored spec if that cannot be expanded), with
 /// their fields, in field order.
 pub fn feature_blockers(s: &VmState, features: &Features) -> Vec<FeatureUse> {
-    let uses = match s.expand() {
-        Ok(vm) => features::vm_features_requested(&vm),
-        Err(_) => {
-            s.vm.as_ref()
-                .map(features::vm_features_requested)
-                .unwrap_or_default()
-        }
-    };
-    features.disabled_uses(uses)
+    // `requested` is derived by `evolve` whenever the spec or a capture changes.
+    features.disabled_uses(s.requested.to_vec())
 }
 
 /// The disabled features the running (not yet ended) VMI uses, from the spec it was launched
@@ -119,12 +112,7 @@ pub fn running_feature_mismatch(s: &VmState, features: &Features) -> Vec<Feature
     let Some(v) = s.active_vmi() else {
         return Vec::new();
     };
-    let uses = match (&v.started.expanded, &v.started.template_spec) {
-        (Some(vm), _) => features::vm_features_requested(vm),
-        (None, Some(spec)) => features::features_requested(spec, "spec.template.spec"),
-        (None, None) => Vec::new(),
-    };
-    features.disabled_uses(uses)
+    features.disabled_uses(v.started.requested.clone())
 }
 
 /// What should happen next, per run strategy, requests, backoff (kubevirt.md §4.1) and the
@@ -439,7 +427,7 @@ pub fn render(s: &VmState, features: &Features, now_ms: i64) -> Option<VirtualMa
     if s.existence != Existence::Live {
         return None;
     }
-    let mut vm = s.vm.clone()?;
+    let mut vm = VirtualMachine::clone(s.vm.as_deref()?);
     vm.metadata.uid = s.uid.map(|u| u.to_string());
     vm.metadata.generation = i64::try_from(s.generation).ok();
     let vmi = s.run.vmi.as_ref();

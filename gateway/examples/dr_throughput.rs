@@ -1,5 +1,13 @@
-//! Measures `admin backup` (over gRPC from an in-process server) and `admin restore` on a log of
-//! `DR_EVENTS` (default 1,000,000) events built directly through the store.
+//! Measures `admin backup` (over gRPC from an in-process server), `admin restore` and `admin
+//! verify` on a log of `DR_EVENTS` (default 1,000,000) events built directly through the store,
+//! each against a baseline measured in the same run:
+//!
+//! - backup: the log's own full read (`read_all` in chunks, in process, no gRPC, no file);
+//! - restore: the previous restore path — a replay of the same backup through the ordinary
+//!   durable `append` (one group commit per append of a stream's run of events), set
+//!   `DR_BASELINE=0` to skip it;
+//! - verify: the store's `verify` alone (hash chain, ids, every payload decoded), without the
+//!   projections' rebuild and digest comparison.
 //!
 //! `cargo run --release -p vmplane-gateway --example dr_throughput`
 
@@ -134,24 +142,129 @@ fn main() -> anyhow::Result<()> {
     let _ = stop.send(());
     runtime.block_on(server)??;
 
+    // Baseline for backup: the log's own full read, same process, same run.
+    {
+        let log = SledLog::open(&data)?;
+        let started = Instant::now();
+        let mut after = vmplane_store::Position(0);
+        let mut read = 0u64;
+        loop {
+            let chunk = log.read_all(after, 1_000)?;
+            let Some(last) = chunk.last() else { break };
+            after = last.position;
+            read += chunk.len() as u64;
+        }
+        let base = started.elapsed().as_secs_f64();
+        println!(
+            "  baseline, the log's own full read: {read} events in {base:.2}s = {:.0} events/s; backup / baseline = {:.2}x",
+            read as f64 / base,
+            (events as f64 / secs) / (read as f64 / base)
+        );
+    }
+
     let started = Instant::now();
     let restored = root.path().join("restored");
     let report = dr::restore(&out, &restored, dr::Cut::End)?;
     let secs = started.elapsed().as_secs_f64();
+    let import = report.import_time.as_secs_f64();
     println!(
-        "restore: {} events, {:.1} MB in {secs:.2}s = {:.0} events/s, {:.1} MB/s (including the projections' build and checkpoint)",
+        "restore: {} events, {:.1} MB in {secs:.2}s = {:.0} events/s, {:.1} MB/s (whole restore: import, projections' build and checkpoint)",
         report.events,
         report.bytes as f64 / 1e6,
         report.events as f64 / secs,
         report.bytes as f64 / 1e6 / secs
     );
+    println!(
+        "  import alone (read, check, write, {} durable syncs): {import:.2}s = {:.0} events/s, {:.1} MB/s",
+        report.syncs,
+        report.events as f64 / import,
+        report.bytes as f64 / 1e6 / import
+    );
+    if std::env::var("DR_BASELINE").as_deref() != Ok("0") {
+        let started = Instant::now();
+        let replayed = replay_through_append(&out, &root.path().join("baseline"))?;
+        let base = started.elapsed().as_secs_f64();
+        println!(
+            "  baseline, replay through the durable append path: {replayed} events in {base:.2}s = {:.0} events/s; import / baseline = {:.1}x",
+            replayed as f64 / base,
+            (report.events as f64 / import) / (replayed as f64 / base)
+        );
+    }
     let started = Instant::now();
     let v = dr::verify(&restored)?;
+    let verify_secs = started.elapsed().as_secs_f64();
     println!(
-        "verify:  {} events in {:.2}s, digest {}",
+        "verify:  {} events in {verify_secs:.2}s = {:.0} events/s, digest {}",
         v.events,
-        started.elapsed().as_secs_f64(),
+        v.events as f64 / verify_secs,
         v.digest
     );
+    {
+        let log = SledLog::open(&restored)?;
+        let started = Instant::now();
+        let r = log.verify(&|t, v, p| {
+            vmplane_core::validate_payload(t, v, p).map_err(|e| e.to_string())
+        })?;
+        let base = started.elapsed().as_secs_f64();
+        println!(
+            "  baseline, the store's verify alone: {} events in {base:.2}s = {:.0} events/s; admin verify / baseline = {:.2}x",
+            r.events,
+            r.events as f64 / base,
+            (v.events as f64 / verify_secs) / (r.events as f64 / base)
+        );
+    }
     Ok(())
+}
+
+/// The previous restore path: every run of one stream's events with one recorded-at (one
+/// original append) replayed through `EventLog::append`, each made durable on its own.
+fn replay_through_append(from: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<u64> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use vmplane_store::{RecordedEvent, SledOptions, Timestamp};
+    let clock = Arc::new(AtomicI64::new(i64::MIN));
+    let options = SledOptions {
+        clock: {
+            let clock = Arc::clone(&clock);
+            Arc::new(move || Timestamp(clock.load(Ordering::SeqCst)))
+        },
+        ..SledOptions::default()
+    };
+    let log = SledLog::open_with(dir, options)?;
+    let mut run: Vec<RecordedEvent> = Vec::new();
+    let flush = |run: &mut Vec<RecordedEvent>| -> anyhow::Result<()> {
+        let Some(first) = run.first() else {
+            return Ok(());
+        };
+        clock.store(first.recorded_at.0, Ordering::SeqCst);
+        let request = AppendRequest::new(
+            first.stream.clone(),
+            ExpectedRevision::Exact(first.revision - 1),
+            run.drain(..)
+                .map(|e| ProposedEvent {
+                    id: e.id,
+                    event_type: e.event_type,
+                    schema_version: e.schema_version,
+                    payload: e.payload,
+                    actor: e.actor,
+                    correlation_id: e.correlation_id,
+                    causation_id: e.causation_id,
+                })
+                .collect(),
+        );
+        log.append(request)?;
+        Ok(())
+    };
+    dr::read_backup(from, |e| {
+        let joins = run.last().is_some_and(|prev| {
+            prev.stream == e.stream && prev.recorded_at == e.recorded_at && run.len() < 1_000
+        });
+        if !joins {
+            flush(&mut run)?;
+        }
+        run.push(e.clone());
+        Ok(())
+    })?;
+    flush(&mut run)?;
+    Ok(log.head().0)
 }

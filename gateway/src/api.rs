@@ -338,16 +338,18 @@ impl pb::objects_server::Objects for Api {
                     position: driven.position.0,
                 }));
             }
-            let done = commands
-                .execute(&meta, command)
+            let (done, after) = commands
+                .execute_with_state(&meta, command)
                 .map_err(|e| from_command(&object, e))?;
             // The object as this write left it: at the write's own position, not whatever a
             // concurrent later write made of it since (a client uses the reply's generation as
             // its next expected generation).
-            let view = projections
-                .get_at(kind, &namespace, &name, At::Position(done.position))
-                .map_err(|e| from_projection(&object, e))?
-                .ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
+            let view = match after {
+                Some(after) => projections.render_written(&after, kind, &namespace, &name),
+                None => projections.get_at(kind, &namespace, &name, At::Position(done.position)),
+            }
+            .map_err(|e| from_projection(&object, e))?
+            .ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
             Ok(Response::new(pb::ApplyResponse {
                 object: Some(to_pb(&view)),
                 outcome: done.outcome.as_str().to_string(),
@@ -774,6 +776,38 @@ impl pb::history_server::History for Api {
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
+/// A watch resumes after `from`; refused (`FAILED_PRECONDITION`, Kubernetes' "410 Gone") when a
+/// point-in-time restore voided that position: the client saw an event the restored history does
+/// not have, so it must re-list (see [`crate::dr`], "Positions never go backwards"). The
+/// message names the restore and the cut only, not what stood there (another namespace's).
+fn refuse_voided_position(log: &dyn EventLog, from: u64) -> Result<(), Status> {
+    if from == 0 {
+        return Ok(());
+    }
+    let event = log
+        .read_event(Position(from))
+        .map_err(|e| status::from_store("watch", &e))?;
+    let Some(event) = event else {
+        return Ok(());
+    };
+    if event.event_type != "LogPositionVoided" {
+        return Ok(());
+    }
+    let decoded = vmplane_core::decode(&event.event_type, event.schema_version, &event.payload)
+        .map_err(|e| Status::internal(format!("watch: position {from}: {e}")))?;
+    let vmplane_core::Event::LogPositionVoided(void) = decoded else {
+        return Err(Status::internal(format!(
+            "watch: position {from}: a LogPositionVoided envelope holds another event"
+        )));
+    };
+    Err(Status::failed_precondition(format!(
+        "watch from position {from}: that position is gone: the point-in-time restore {} cut \
+         the log at position {} and voided the positions after it; re-list, then watch from \
+         the list's resourceVersion",
+        void.restore_epoch, void.cut_position
+    )))
+}
+
 #[tonic::async_trait]
 impl pb::watch_server::Watch for Api {
     type WatchStream = WatchStream;
@@ -802,7 +836,11 @@ impl pb::watch_server::Watch for Api {
             (Some(ns), None)
         };
         let after = match r.from_position {
-            Some(p) => Position(p),
+            Some(p) => {
+                let log = Arc::clone(&self.log);
+                blocking(move || refuse_voided_position(log.as_ref(), p)).await?;
+                Position(p)
+            }
             None => self.log.head(),
         };
         let mut watch = self

@@ -229,13 +229,13 @@ pub enum AdminCommand {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Offline: build a NEW data directory from a backup (refuses a non-empty one, or a
-    /// damaged backup).
+    /// Offline: build a NEW data directory from a backup (refuses an existing one, one another
+    /// restore is building, or a damaged backup).
     Restore {
         /// The backup file.
         #[arg(long)]
         from: PathBuf,
-        /// The data directory to create (must not exist or be empty).
+        /// The data directory to create (must not exist).
         #[arg(long)]
         data: PathBuf,
         /// Keep events up to this position only.
@@ -300,6 +300,12 @@ pub struct ServeArgs {
     /// Key prefix of the log in etcd: servers sharing a log use the same one.
     #[arg(long, value_name = "PREFIX", default_value = "vmplane")]
     pub etcd_prefix: String,
+
+    /// With `--backend etcd`: TTL of the lease the reconciler's leader holds. When the leader
+    /// stops renewing it (crash, pause, partition), another server takes over after at most
+    /// this long.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub leader_lease_seconds: u64,
 
     /// A libvirt node for the reconciler, as URI or NAME=URI (repeatable: one per node), or
     /// `none` to run without a reconciler. libvirt's test driver is real libvirt with

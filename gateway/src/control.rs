@@ -16,6 +16,8 @@ use vmplane_projections::model::AggState;
 pub struct ServerControlPlane {
     projections: Arc<Projections>,
     commands: Arc<CommandHandler>,
+    /// `Some(reason)` once this server's leadership term is over (see `leader`).
+    term_over: Arc<dyn Fn() -> Option<String> + Send + Sync>,
 }
 
 impl ServerControlPlane {
@@ -24,6 +26,26 @@ impl ServerControlPlane {
         ServerControlPlane {
             projections,
             commands,
+            term_over: Arc::new(|| None),
+        }
+    }
+
+    /// The same, for one leadership term: once `term_over` says the term ended, every method
+    /// fails with `Unavailable`, so a pass in progress stops acting. (`commands` should append
+    /// through the term's `FencedLog`: that check, in the store's transaction, is the one that
+    /// holds even when this process does not yet know it was deposed.)
+    #[must_use]
+    pub fn with_term(mut self, term_over: Arc<dyn Fn() -> Option<String> + Send + Sync>) -> Self {
+        self.term_over = term_over;
+        self
+    }
+
+    fn leading(&self) -> Result<(), ControlPlaneError> {
+        match (self.term_over)() {
+            Some(reason) => Err(ControlPlaneError::Unavailable(format!(
+                "this server no longer leads the reconciler: {reason}"
+            ))),
+            None => Ok(()),
         }
     }
 
@@ -48,6 +70,7 @@ fn from_command(e: CommandError) -> ControlPlaneError {
 
 impl ControlPlane for ServerControlPlane {
     fn vms(&self) -> Result<Vec<VmState>, ControlPlaneError> {
+        self.leading()?;
         let states = self
             .projections
             .states_of(Kind::VirtualMachine)
@@ -62,6 +85,7 @@ impl ControlPlane for ServerControlPlane {
     }
 
     fn standalone_vmis(&self) -> Result<Vec<VmiState>, ControlPlaneError> {
+        self.leading()?;
         let states = self
             .projections
             .states_of(Kind::VirtualMachineInstance)
@@ -123,6 +147,7 @@ impl ServerControlPlane {
         kind: Kind,
         pick: impl FnOnce(&AggState) -> Option<S>,
     ) -> Result<Executed<S>, ControlPlaneError> {
+        self.leading()?;
         let stream = command.stream();
         let done = self
             .commands

@@ -29,29 +29,49 @@
 //! extensions: a reader that does not know them skips them (they are still covered by
 //! `body_sha256`); an unknown tag below 0x80 is refused. Future versions keep this framing.
 //!
-//! # Restore and the positions rule
+//! # Restore
 //!
-//! A restore replays the events through the store's ordinary append path (the store's `Clock`
-//! option supplies each event's original `recorded_at`, so positions, revisions, ids, times,
-//! actors, correlation/causation ids and hashes come out identical; firmware-UUID claims are
-//! re-derived from the events as `core` made them). It builds `DIR.tmp-<uuid>` and renames it
-//! to `DIR` only when complete; a failure removes it.
+//! `admin restore --from FILE --data DIR` builds a new data directory, one restore at a time per
+//! directory: it takes an advisory lock ([`RestoreLock`], `.DIR.restore-lock` beside `DIR`,
+//! released by the kernel however the process ends), refuses a `DIR` that exists, builds
+//! `DIR.tmp-<uuid>` and renames it to `DIR` only when complete; a failure removes it, and a
+//! later restore removes the staging directories of one that crashed.
 //!
-//! **Positions never go backwards for watchers.** A full restore reproduces the log exactly,
-//! so every position a client saw means the same event. A point-in-time restore (`--to-position`
-//! / `--to-time`) cuts the log at P: the positions after P will be handed out again for
-//! different events. Every restore therefore writes `DIR/restore.json` (a [`RestoreMarker`])
-//! with a fresh `epoch` id and the cut position, and the server reports both in
-//! `Admin.LogInfo` (`restore_epoch`, `restore_cut_position`). The rule: a client holding a
-//! resourceVersion (position) ≤ the cut may continue; a client holding one above it, or seeing
-//! the epoch change, must re-list (its positions belong to a history that no longer exists).
-//! Positions ≤ P keep their hashes, so a client can also check the event at its position.
+//! The events are imported with the store's bulk importer
+//! ([`vmplane_store::sled_log::Importer`]): each envelope keeps its position, revision, id,
+//! time, actor, correlation/causation ids and hashes, and is checked as the append path would
+//! have made it (next position, previous hash, its own hash, the stream's next revision,
+//! non-decreasing time, an unused id, the limits, and the firmware-UUID claims `core` attached
+//! to it, re-derived from the events); many events share one durable sync. The file is checked
+//! while it is read (chain, counts, body checksum, trailer); anything wrong removes the staging
+//! directory. Then the projections are built and checkpointed and `DIR/restore.json` (a
+//! [`RestoreMarker`]) is written.
+//!
+//! # Positions never go backwards for watchers
+//!
+//! A full restore reproduces the log exactly, so every position a client saw means the same
+//! event. A point-in-time restore (`--to-position P` / `--to-time T`) of a backup ending at `L`
+//! keeps positions `1..=P` as they were and fills `P+1..=L` with one `LogPositionVoided` event
+//! each (core's event type, on the system stream `system/restore/<epoch>`, revisions from 1),
+//! recording the restore epoch, the cut, and the original event's position, id, chain hash,
+//! stream, type, version, actor and time: the log stays gapless and hash-chained, the audit
+//! keeps a tamper-evident trace of what was undone, and the next position handed out is
+//! `L + 1`, above every position the backed-up server could have shown. Read models skip the
+//! system stream (it names no object). A watch from a voided position is refused with
+//! `FAILED_PRECONDITION` naming the epoch and the cut (Kubernetes' "410 Gone": re-list, then
+//! watch from the list's resourceVersion); a watch from a position ≤ `P` continues, and its
+//! next event is above `L`. The void events are ordinary events: a backup of the restored log
+//! carries them and restores them as they are. `restore.json` and `Admin.LogInfo`
+//! (`restore_epoch`, `restore_cut_position`) still report the epoch and the cut.
+//!
+//! (Positions a server handed out after the backup was taken are beyond what a restore can
+//! know: a client that watched past the backup's last position must re-list when
+//! `restore_epoch` changes.)
 
 use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, anyhow, bail};
@@ -60,10 +80,8 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 use vmplane_core::Event;
 use vmplane_store::hash::{GENESIS_PREV_HASH, event_hash};
-use vmplane_store::{
-    AppendRequest, Claim, EventLog, ExpectedRevision, Position, ProposedEvent, RecordedEvent,
-    SledLog, SledOptions, Timestamp,
-};
+use vmplane_store::sled_log::ImportOptions;
+use vmplane_store::{Claim, EventLog, Position, RecordedEvent, SledLog, Timestamp};
 
 use crate::pb;
 
@@ -120,6 +138,10 @@ pub struct RestoreMarker {
     pub head_hash: String,
     /// When the restore ran (RFC 3339).
     pub restored_at: String,
+    /// The stream of the `LogPositionVoided` events filling the positions after the cut
+    /// (`system/restore/<epoch>`), when there was a cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub void_stream: Option<String>,
 }
 
 impl RestoreMarker {
@@ -568,48 +590,160 @@ pub enum Cut {
 /// What a restore did.
 #[derive(Debug, Clone)]
 pub struct RestoreReport {
-    /// Events restored (= the restored head).
+    /// Events kept from the backup (positions 1..=events).
     pub events: u64,
     /// The backup's events.
     pub backup_events: u64,
+    /// The restored log's head: the backup's last position (a cut fills the positions after it
+    /// with `LogPositionVoided` events).
+    pub head: u64,
+    /// Positions voided (`head - events`).
+    pub voided: u64,
     /// The marker written into the directory.
     pub marker: RestoreMarker,
     /// The backup file's size.
     pub bytes: u64,
+    /// Durable syncs the import made.
+    pub syncs: u64,
+    /// Time spent reading, checking and importing the events (the rest of a restore builds and
+    /// checkpoints the projections).
+    pub import_time: std::time::Duration,
 }
 
-/// Builds a new data directory `data` from `from`, up to `cut`. Nothing is left behind on
-/// failure.
-pub fn restore(from: &Path, data: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
-    if data.exists() {
-        let mut entries =
-            fs::read_dir(data).with_context(|| format!("--data {}", data.display()))?;
-        if entries.next().is_some() {
-            bail!(
-                "--data {}: not empty; restore only into a new directory",
-                data.display()
-            );
+/// The system stream holding the `LogPositionVoided` events of restore `epoch`. Not an object's
+/// stream: the read models skip it.
+#[must_use]
+pub fn void_stream(epoch: &Uuid) -> String {
+    format!("system/restore/{epoch}")
+}
+
+/// The actor of the events a restore writes.
+pub const RESTORE_ACTOR: &str = "system:restore";
+
+/// An exclusive claim on restoring into one data directory, held from the first check to the
+/// final rename: an advisory lock (`flock`) on `.NAME.restore-lock` beside it. The kernel drops
+/// it when the holder exits, however it exits; a restore that finds staging directories of a
+/// crashed one (`NAME.tmp-…`) removes them while it holds the lock.
+#[derive(Debug)]
+pub struct RestoreLock {
+    path: PathBuf,
+    file: File,
+}
+
+impl RestoreLock {
+    /// Takes the lock for `data`, or fails at once naming the process holding it.
+    pub fn acquire(data: &Path) -> anyhow::Result<RestoreLock> {
+        use fs2::FileExt;
+        use std::os::unix::fs::MetadataExt;
+        let name = data
+            .file_name()
+            .ok_or_else(|| anyhow!("--data {}: needs a directory name", data.display()))?;
+        if let Some(parent) = data.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            fs::create_dir_all(parent)
+                .with_context(|| format!("--data {}: creating its parent", data.display()))?;
+        }
+        let mut lock_name = std::ffi::OsString::from(".");
+        lock_name.push(name);
+        lock_name.push(".restore-lock");
+        let path = data.with_file_name(lock_name);
+        loop {
+            let file = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .with_context(|| {
+                    format!("--data {}: creating {}", data.display(), path.display())
+                })?;
+            if let Err(err) = file.try_lock_exclusive() {
+                if err.kind() != fs2::lock_contended_error().kind() {
+                    return Err(err).with_context(|| format!("locking {}", path.display()));
+                }
+                let holder = fs::read_to_string(&path).unwrap_or_default();
+                bail!(
+                    "--data {}: another restore into it is running ({}); one restore at a time \
+                     per data directory",
+                    data.display(),
+                    match holder.trim() {
+                        "" => "its process id is not recorded yet".to_owned(),
+                        pid => format!("process {pid}, lock {}", path.display()),
+                    }
+                );
+            }
+            // The holder before us may have finished and removed the file between our open and
+            // our lock: then we locked a file nobody else will see. Start over.
+            let ours = file.metadata()?.ino();
+            match fs::metadata(&path) {
+                Ok(meta) if meta.ino() == ours => {}
+                _ => continue,
+            }
+            let mut lock = RestoreLock { path, file };
+            lock.file.set_len(0)?;
+            lock.file
+                .write_all(std::process::id().to_string().as_bytes())?;
+            lock.remove_stale_staging(data, name);
+            return Ok(lock);
         }
     }
-    // Pass 1: the whole file must verify before anything is written.
-    let mut cut_at = 0u64;
-    let summary = read_backup(from, |e| {
-        let keep = match cut {
-            Cut::End => true,
-            Cut::Position(p) => e.position.0 <= p,
-            Cut::Time(t) => e.recorded_at <= t,
+
+    /// Removes `NAME.tmp-<32 hex>` directories beside `data`: only a restore makes them, and none
+    /// other runs while we hold the lock.
+    fn remove_stale_staging(&self, data: &Path, name: &std::ffi::OsStr) {
+        let parent = match data.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
         };
-        if keep {
-            cut_at = e.position.0;
+        let mut prefix = name.to_owned();
+        prefix.push(".tmp-");
+        let prefix = prefix.to_string_lossy().into_owned();
+        let Ok(entries) = fs::read_dir(parent) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            let Some(suffix) = file_name.strip_prefix(&prefix) else {
+                continue;
+            };
+            if suffix.len() == 32 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) {
+                tracing::warn!(path = %entry.path().display(), "removing a crashed restore's staging directory");
+                let _ = fs::remove_dir_all(entry.path());
+            }
         }
-        Ok(())
-    })
-    .with_context(|| format!("--from {}", from.display()))?;
-    let last = summary.header.last_position;
+    }
+}
+
+impl Drop for RestoreLock {
+    fn drop(&mut self) {
+        // Removed while still locked (the lock goes with the file handle, right after).
+        let _ = fs::remove_file(&self.path);
+        let _ = fs2::FileExt::unlock(&self.file);
+    }
+}
+
+/// Builds a new data directory `data` from `from`, up to `cut`. Refuses a `data` that exists or
+/// that another restore is building; nothing is left behind on failure.
+pub fn restore(from: &Path, data: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
+    let _lock = RestoreLock::acquire(data)?;
+    if fs::symlink_metadata(data).is_ok() {
+        bail!(
+            "--data {}: already exists; a restore only creates a new data directory (remove it \
+             or choose another path)",
+            data.display()
+        );
+    }
+    // The header is read first only to refuse a cut past the end before any work; the whole
+    // file is checked while it is imported.
+    let header = read_header(from).with_context(|| format!("--from {}", from.display()))?;
     if let Cut::Position(p) = cut
-        && p > last
+        && p > header.last_position
     {
-        bail!("--to-position {p}: the backup ends at position {last}");
+        bail!(
+            "--to-position {p}: the backup ends at position {}",
+            header.last_position
+        );
     }
     let name = data
         .file_name()
@@ -617,117 +751,155 @@ pub fn restore(from: &Path, data: &Path, cut: Cut) -> anyhow::Result<RestoreRepo
     let mut tmp_name = name.to_owned();
     tmp_name.push(format!(".tmp-{}", Uuid::new_v4().simple()));
     let tmp = data.with_file_name(tmp_name);
-    let result = build(from, &tmp, cut_at, last);
-    let marker = match result {
-        Ok(marker) => marker,
+    let report = match build(from, &tmp, cut) {
+        Ok(report) => report,
         Err(err) => {
             let _ = fs::remove_dir_all(&tmp);
             return Err(err);
         }
     };
-    if data.exists() {
-        fs::remove_dir(data).with_context(|| format!("--data {}", data.display()))?;
-    }
     if let Err(err) = fs::rename(&tmp, data) {
         let _ = fs::remove_dir_all(&tmp);
         return Err(err).with_context(|| format!("renaming into {}", data.display()));
     }
     sync_parent(data);
-    Ok(RestoreReport {
-        events: cut_at,
-        backup_events: summary.header.event_count,
-        marker,
-        bytes: summary.bytes,
-    })
+    Ok(report)
 }
 
-/// Pass 2: replays positions 1..=cut_at into a fresh log in `tmp`, checkpoints the projections
-/// and writes the marker.
-fn build(from: &Path, tmp: &Path, cut_at: u64, last: u64) -> anyhow::Result<RestoreMarker> {
-    let clock = Arc::new(AtomicI64::new(i64::MIN));
-    let options = SledOptions {
-        clock: {
-            let clock = Arc::clone(&clock);
-            Arc::new(move || Timestamp(clock.load(Ordering::SeqCst)))
-        },
-        ..SledOptions::default()
-    };
-    let log = Arc::new(SledLog::open_with(tmp, options).context("creating the new log")?);
-    let limits = *log.limits();
-    let progress = Progress::new(cut_at, "restoring");
-    let mut firmware = std::collections::HashMap::new();
-    let mut run: Vec<RecordedEvent> = Vec::new();
-    let mut run_claims: Vec<Claim> = Vec::new();
-    let mut run_bytes = 0usize;
-    let flush = |run: &mut Vec<RecordedEvent>, claims: &mut Vec<Claim>| -> anyhow::Result<()> {
-        let Some(first) = run.first() else {
-            return Ok(());
-        };
-        clock.store(first.recorded_at.0, Ordering::SeqCst);
-        let (stream, first_revision, first_position) =
-            (first.stream.clone(), first.revision, first.position);
-        let request = AppendRequest {
-            stream,
-            expected: ExpectedRevision::Exact(first_revision - 1),
-            events: run
-                .drain(..)
-                .map(|e| ProposedEvent {
-                    id: e.id,
-                    event_type: e.event_type,
-                    schema_version: e.schema_version,
-                    payload: e.payload,
-                    actor: e.actor,
-                    correlation_id: e.correlation_id,
-                    causation_id: e.causation_id,
-                })
-                .collect(),
-            claims: std::mem::take(claims),
-        };
-        let count = request.events.len() as u64;
-        let written = log
-            .append(request)
-            .with_context(|| format!("replaying position {first_position}"))?;
-        if written.first_position != first_position || written.replayed {
-            bail!(
-                "replaying position {first_position}: the new log put it at {}",
-                written.first_position
-            );
-        }
-        progress.inc(count);
-        Ok(())
-    };
-    read_backup(from, |e| {
-        if e.position.0 > cut_at {
-            return Ok(());
-        }
-        let claims = claims_of(e, &mut firmware)?;
-        let joins = run.last().is_some_and(|prev| {
-            prev.stream == e.stream
-                && prev.recorded_at == e.recorded_at
-                && run.len() < limits.append_batch_events_max
-                && run_claims.len() + claims.len() <= limits.append_claims_max
-                && run_bytes + e.payload.len() <= limits.append_payload_bytes_max
-        });
-        if !joins {
-            flush(&mut run, &mut run_claims)?;
-            run_bytes = 0;
-        }
-        run_bytes += e.payload.len();
-        run_claims.extend(claims);
-        run.push(e.clone());
-        Ok(())
-    })?;
-    flush(&mut run, &mut run_claims)?;
-    progress.finish();
-    let head = log.head();
-    if head.0 != cut_at {
-        bail!("the new log ends at {head}, expected {cut_at}");
+/// Reads the preamble and header record only (not trusted: the caller checks the whole file).
+fn read_header(path: &Path) -> anyhow::Result<Header> {
+    let mut input = BufReader::new(File::open(path).context("opening the backup")?);
+    let mut preamble = [0u8; 15];
+    input
+        .read_exact(&mut preamble)
+        .context("the backup file is truncated")?;
+    if &preamble[..8] != MAGIC {
+        bail!("not a vmplane backup (bad magic)");
     }
-    let head_hash = match log.read_event(head)? {
-        Some(e) => e.hash,
-        None => GENESIS_PREV_HASH,
+    let version = u16::from_be_bytes([preamble[8], preamble[9]]);
+    if version != FORMAT_VERSION {
+        bail!("backup format version {version}, this vmplane reads {FORMAT_VERSION}");
+    }
+    let len = u32::from_be_bytes([preamble[11], preamble[12], preamble[13], preamble[14]]);
+    if preamble[10] != TAG_HEADER || len > RECORD_BYTES_MAX {
+        bail!("the header is damaged");
+    }
+    let mut body = vec![0u8; len as usize];
+    input
+        .read_exact(&mut body)
+        .context("the backup file is truncated")?;
+    serde_json::from_slice(&body).context("the header is damaged")
+}
+
+/// The `LogPositionVoided` event standing at `original`'s position in a log cut at `cut`.
+fn void_event(
+    original: &RecordedEvent,
+    epoch: Uuid,
+    cut: u64,
+    revision: u64,
+    recorded_at: Timestamp,
+    prev_hash: [u8; 32],
+) -> RecordedEvent {
+    let payload = vmplane_core::encode(&Event::LogPositionVoided(
+        vmplane_core::event::LogPositionVoided {
+            restore_epoch: epoch,
+            cut_position: cut,
+            voided_position: original.position.0,
+            original_id: original.id,
+            original_hash: original.hash,
+            original_stream: original.stream.clone(),
+            original_event_type: original.event_type.clone(),
+            original_schema_version: original.schema_version,
+            original_actor: original.actor.clone(),
+            original_recorded_at_unix_nanos: original.recorded_at.0,
+        },
+    ));
+    let mut event = RecordedEvent {
+        position: original.position,
+        stream: void_stream(&epoch),
+        revision,
+        id: Uuid::now_v7(),
+        recorded_at,
+        actor: RESTORE_ACTOR.into(),
+        correlation_id: epoch,
+        causation_id: None,
+        event_type: payload.type_name.into(),
+        schema_version: payload.version,
+        payload: payload.bytes,
+        prev_hash,
+        hash: [0; 32],
     };
-    let dyn_log: Arc<dyn EventLog> = log;
+    event.hash = event_hash(&event.as_ref());
+    event
+}
+
+/// Imports the backup into a fresh log in `tmp` — the events up to the cut as they are, one
+/// `LogPositionVoided` per position after it — checking the file as it goes, then builds and
+/// checkpoints the projections and writes the marker.
+fn build(from: &Path, tmp: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
+    let started = Instant::now();
+    let mut log = SledLog::open(tmp).context("creating the new log")?;
+    let epoch = Uuid::now_v7();
+    let restored_at = Timestamp::now();
+    let mut importer = log
+        .importer(ImportOptions::default())
+        .context("starting the import")?;
+    let header_events = read_header(from).map(|h| h.event_count).unwrap_or(0);
+    let progress = Progress::new(header_events, "restoring");
+    let mut firmware = std::collections::HashMap::new();
+    // The last kept position, its time and the chain hash so far.
+    let mut kept = 0u64;
+    let mut kept_time = Timestamp(i64::MIN);
+    let mut prev_hash = GENESIS_PREV_HASH;
+    let mut cut_at: Option<u64> = None;
+    let mut voided = 0u64;
+    let summary = read_backup(from, |e| {
+        let keep = cut_at.is_none()
+            && match cut {
+                Cut::End => true,
+                Cut::Position(p) => e.position.0 <= p,
+                Cut::Time(t) => e.recorded_at <= t,
+            };
+        let hash = if keep {
+            let claims = claims_of(e, &mut firmware)?;
+            kept = e.position.0;
+            kept_time = e.recorded_at;
+            importer
+                .push(e.clone(), &claims)
+                .with_context(|| format!("importing position {}", e.position))?;
+            e.hash
+        } else {
+            let at = *cut_at.get_or_insert(kept);
+            voided += 1;
+            let void = void_event(e, epoch, at, voided, restored_at.max(kept_time), prev_hash);
+            let hash = void.hash;
+            importer
+                .push(void, &[])
+                .with_context(|| format!("voiding position {}", e.position))?;
+            hash
+        };
+        prev_hash = hash;
+        progress.inc(1);
+        Ok(())
+    })
+    .with_context(|| format!("--from {}", from.display()))?;
+    let imported = importer.finish().context("finishing the import")?;
+    progress.finish();
+    let import_time = started.elapsed();
+    let last = summary.header.last_position;
+    if let Cut::Position(p) = cut
+        && p > last
+    {
+        bail!("--to-position {p}: the backup ends at position {last}");
+    }
+    if imported.head.0 != last || imported.events != last {
+        bail!(
+            "the new log ends at {} after {} events, expected {last}",
+            imported.head,
+            imported.events
+        );
+    }
+    let dyn_log: Arc<dyn EventLog> = Arc::new(log);
     let projections = vmplane_projections::Projections::open(
         Arc::clone(&dyn_log),
         tmp,
@@ -743,18 +915,28 @@ fn build(from: &Path, tmp: &Path, cut_at: u64, last: u64) -> anyhow::Result<Rest
     drop(projections);
     drop(dyn_log);
     let marker = RestoreMarker {
-        epoch: Uuid::now_v7().to_string(),
+        epoch: epoch.to_string(),
         backup_last_position: last,
-        cut_position: (cut_at < last).then_some(cut_at),
-        head_hash: hex::encode(head_hash),
+        cut_position: cut_at,
+        head_hash: hex::encode(imported.head_hash),
         restored_at: chrono::Utc::now().to_rfc3339(),
+        void_stream: cut_at.map(|_| void_stream(&epoch)),
     };
     let path = tmp.join(RESTORE_MARKER);
     let mut file = File::create(&path)?;
     file.write_all(&serde_json::to_vec_pretty(&marker)?)?;
     file.sync_all()?;
     File::open(tmp).and_then(|d| d.sync_all())?;
-    Ok(marker)
+    Ok(RestoreReport {
+        events: kept,
+        backup_events: summary.header.event_count,
+        head: imported.head.0,
+        voided,
+        marker,
+        bytes: summary.bytes,
+        syncs: imported.syncs,
+        import_time,
+    })
 }
 
 /// What `admin verify` found on a sound directory.
@@ -963,12 +1145,18 @@ pub fn run(
                 r.events,
                 r.backup_events,
                 data.display(),
-                r.events,
+                r.head,
                 r.marker.head_hash,
                 r.marker.epoch,
                 match r.marker.cut_position {
                     Some(p) => format!(
-                        "; cut at position {p}: clients holding a later position must re-list"
+                        "; cut at position {p}: positions {}..={} voided on stream {}, new \
+                         positions start after {}; clients holding a position in the voided \
+                         range must re-list",
+                        p + 1,
+                        r.head,
+                        r.marker.void_stream.as_deref().unwrap_or("?"),
+                        r.head
                     ),
                     None => String::new(),
                 },

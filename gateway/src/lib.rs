@@ -20,6 +20,7 @@ pub mod cli;
 pub mod client;
 pub mod control;
 pub mod dr;
+pub mod leader;
 pub mod metrics;
 pub mod print;
 pub mod sagas;

@@ -154,30 +154,30 @@ impl Metrics {
         self.log_head.set(head as i64);
         self.projection_applied.set(applied as i64);
         self.projection_lag.set(head.saturating_sub(applied) as i64);
-        let list = projections
-            .list(Kind::VirtualMachine, None, None)
-            .map_err(|e| format!("listing VMs: {e}"))?;
         self.vms.clear();
         let mut mismatched = 0i64;
-        for vm in &list.items {
-            let status = &vm.object["status"];
-            let printable = status["printableStatus"]
-                .as_str()
-                .unwrap_or("Unknown")
-                .to_string();
-            self.vms
-                .get_or_create(&StatusLabels { status: printable })
-                .inc();
-            let conditions = status["conditions"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or(&[]);
-            if conditions.iter().any(|c| {
-                c["type"] == "FeatureMismatch" && c["reason"] == "FeatureDisabledWhileRunning"
-            }) {
-                mismatched += 1;
-            }
-        }
+        // One VM at a time: a scrape of a large cluster holds no list of every VM.
+        projections
+            .visit(Kind::VirtualMachine, None, None, |vm| {
+                let status = &vm.object["status"];
+                let printable = status["printableStatus"]
+                    .as_str()
+                    .unwrap_or("Unknown")
+                    .to_string();
+                self.vms
+                    .get_or_create(&StatusLabels { status: printable })
+                    .inc();
+                let conditions = status["conditions"]
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
+                if conditions.iter().any(|c| {
+                    c["type"] == "FeatureMismatch" && c["reason"] == "FeatureDisabledWhileRunning"
+                }) {
+                    mismatched += 1;
+                }
+            })
+            .map_err(|e| format!("listing VMs: {e}"))?;
         self.feature_mismatch.set(mismatched);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)

@@ -11,6 +11,7 @@ use tonic::transport::Server;
 use crate::api::{Api, REQUEST_BYTES_MAX, RESPONSE_BYTES_MAX};
 use crate::auth::Authenticator;
 use crate::cli::{Backend, ServeArgs};
+use crate::leader::{Leadership, RECONCILER_LEADERSHIP, ReconcilerSupervisor, SupervisorParts};
 use crate::metrics::{Metrics, MetricsLayer};
 use crate::pb;
 use crate::services::AdminService;
@@ -62,7 +63,7 @@ pub async fn serve(
         Some(path) => Some(Arc::new(Authenticator::load(path).context("--auth")?)),
         None => None,
     };
-    let log = open_log(&args).await?;
+    let (log, leadership) = open_log(&args).await?;
     let head = log.head();
     let (projections, commands) = {
         let (log, data) = (log.clone(), args.data.clone());
@@ -102,14 +103,13 @@ pub async fn serve(
     };
     let stop_follow = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let follower = projections.follow(stop_follow.clone());
-    let reconciler =
-        start_reconciler(&args.hypervisor, projections.clone(), commands.clone()).await?;
+    let reconciler = start_reconciler(&args.hypervisor, leadership, &log, projections.clone())?;
     // Snapshots, restores and clones: resumed at start, re-driven on a timer and after writes.
     let sagas = crate::sagas::Sagas::new(commands.clone(), projections.clone());
     let saga_driver = sagas.spawn().context("start the saga driver")?;
     let api = Arc::new(
         Api::new(log.clone(), projections.clone(), commands, auth.clone())
-            .with_wake(reconciler.as_ref().map(|r| r.wake_handle()))
+            .with_wake(reconciler.as_ref().map(|(_, wake)| wake.clone()))
             .with_sagas(Some(sagas.clone())),
     );
 
@@ -182,8 +182,9 @@ pub async fn serve(
     // Stop the reconciler first: it records through the command path.
     // The saga driver appends through the command path too.
     let _ = tokio::task::spawn_blocking(move || drop(saga_driver)).await;
-    if let Some(reconciler) = reconciler {
-        let _ = tokio::task::spawn_blocking(move || drop(reconciler)).await;
+    if let Some((reconciler, _)) = reconciler {
+        // Resigns the leadership too, so another server takes over at once.
+        let _ = tokio::task::spawn_blocking(move || reconciler.stop()).await;
     }
     stop_follow.store(true, std::sync::atomic::Ordering::Release);
     let _ = tokio::task::spawn_blocking(move || {
@@ -212,8 +213,10 @@ fn incoming(
 }
 
 /// Opens the log on a blocking thread (sled's open does I/O and may panic on damaged files;
-/// the store turns that panic into an error).
-async fn open_log(args: &ServeArgs) -> anyhow::Result<Arc<dyn vmplane_store::EventLog>> {
+/// the store turns that panic into an error), and where the reconciler's leadership comes from.
+async fn open_log(
+    args: &ServeArgs,
+) -> anyhow::Result<(Arc<dyn vmplane_store::EventLog>, Leadership)> {
     match args.backend {
         Backend::Sled => {
             let dir = args.data.clone();
@@ -221,7 +224,8 @@ async fn open_log(args: &ServeArgs) -> anyhow::Result<Arc<dyn vmplane_store::Eve
                 .await
                 .context("open the log")?
                 .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
-            Ok(Arc::new(log))
+            let log = Arc::new(log);
+            Ok((log.clone(), Leadership::Sled(log)))
         }
         Backend::Etcd => {
             let options = vmplane_store_etcd::EtcdOptions::new(
@@ -234,7 +238,19 @@ async fn open_log(args: &ServeArgs) -> anyhow::Result<Arc<dyn vmplane_store::Eve
                     .await
                     .context("open the log")?
                     .with_context(|| format!("--etcd-endpoints {shown}: cannot open the log"))?;
-            Ok(Arc::new(log))
+            let holder = format!(
+                "vmplane pid {} data {}",
+                std::process::id(),
+                args.data.display()
+            );
+            let election = log
+                .election(
+                    RECONCILER_LEADERSHIP,
+                    std::time::Duration::from_secs(args.leader_lease_seconds),
+                    holder,
+                )
+                .context("--leader-lease-seconds")?;
+            Ok((Arc::new(log), Leadership::Etcd(Box::new(election))))
         }
     }
 }
@@ -282,29 +298,28 @@ pub fn node_args(values: &[String]) -> anyhow::Result<Option<Vec<String>>> {
     Ok(Some(out))
 }
 
-/// Opens the libvirt nodes and starts the reconciler on threads of its own.
-async fn start_reconciler(
+/// Starts the reconciler's supervisor: it campaigns for the reconciler's leadership and runs
+/// the reconciler (on threads of its own, libvirt nodes opened per term) only while this server
+/// leads (see [`crate::leader`]). `None` for `--hypervisor none`.
+fn start_reconciler(
     values: &[String],
+    leadership: Leadership,
+    log: &Arc<dyn vmplane_store::EventLog>,
     projections: Arc<vmplane_projections::Projections>,
-    commands: Arc<vmplane_projections::command::CommandHandler>,
-) -> anyhow::Result<Option<vmplane_hypervisor::ReconcilerHandle>> {
+) -> anyhow::Result<Option<(ReconcilerSupervisor, vmplane_hypervisor::WakeHandle)>> {
     let Some(nodes) = node_args(values)? else {
         tracing::info!("--hypervisor none: no reconciler");
         return Ok(None);
     };
-    let handle = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        let opened = vmplane_hypervisor::Nodes::open(&nodes)
-            .with_context(|| format!("--hypervisor {}: cannot open", nodes.join(" ")))?;
-        for node in opened.iter() {
-            tracing::info!(node = %node.name, vcpus = node.capacity.vcpus, memory_bytes = node.capacity.memory_bytes, "hypervisor node");
-        }
-        let control = Arc::new(crate::control::ServerControlPlane::new(projections, commands));
-        vmplane_hypervisor::Reconciler::spawn(control, opened, Default::default())
-            .context("start the reconciler")
-    })
-    .await
-    .context("start the reconciler")??;
-    Ok(Some(handle))
+    let wake = vmplane_hypervisor::WakeHandle::default();
+    let parts = SupervisorParts {
+        log: log.clone(),
+        projections,
+        nodes,
+        wake: wake.clone(),
+    };
+    let supervisor = ReconcilerSupervisor::spawn(leadership, parts)?;
+    Ok(Some((supervisor, wake)))
 }
 
 /// Completes on SIGTERM or SIGINT.

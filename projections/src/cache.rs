@@ -9,8 +9,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use std::ops::ControlFlow;
 use vmplane_core::types::Kind;
-use vmplane_store::{Direction, EventLog};
+
+use vmplane_store::{Direction, EventLog, Position};
 
 use crate::error::{Error, Result};
 use crate::model::Snapshot;
@@ -30,9 +32,9 @@ pub struct CacheOptions {
 impl Default for CacheOptions {
     fn default() -> CacheOptions {
         CacheOptions {
-            snapshot_every_revisions: 32,
+            snapshot_every_revisions: 16,
             streams_max: 10_000,
-            snapshots_per_stream_max: 512,
+            snapshots_per_stream_max: 1024,
         }
     }
 }
@@ -110,6 +112,22 @@ impl StateCache {
         kind: Kind,
         revision: u64,
     ) -> Result<Arc<Snapshot>> {
+        self.state_at_located(log, stream, kind, revision, None)
+    }
+
+    /// [`StateCache::state_at`], given where the stream's revisions are in the log
+    /// (`locate(r)`: the position of revision `r`, as the read model records them). When the
+    /// events to fold sit close together in the log, they are visited in place with the log's
+    /// zero-copy scan of that position range instead of being read one by one through the
+    /// stream index; every event is still checked (stream, next revision) as it is folded.
+    pub fn state_at_located(
+        &self,
+        log: &dyn EventLog,
+        stream: &str,
+        kind: Kind,
+        revision: u64,
+        locate: Option<&dyn Fn(u64) -> Option<Position>>,
+    ) -> Result<Arc<Snapshot>> {
         let base = {
             let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             inner.tick += 1;
@@ -138,6 +156,17 @@ impl StateCache {
         let every = self.options.snapshot_every_revisions;
         let mut periodic = Vec::new();
         let read_max = log.limits().read_events_max.max(1);
+        if let Some(locate) = locate {
+            fold_dense_range(
+                log,
+                stream,
+                revision,
+                every,
+                locate,
+                &mut snapshot,
+                &mut periodic,
+            )?;
+        }
         while snapshot.state.revision() < revision {
             let from = snapshot.state.revision() + 1;
             let want = usize::try_from(revision - snapshot.state.revision())
@@ -163,6 +192,16 @@ impl StateCache {
         let result = Arc::new(snapshot);
         self.insert(stream, kind, periodic, Arc::clone(&result));
         Ok(result)
+    }
+
+    /// Keeps `snapshot` as `stream`'s state at its revision (the command path hands over the
+    /// state it just wrote, folded from the log's own records of the write).
+    pub fn put(&self, stream: &str, kind: Kind, snapshot: Arc<Snapshot>) {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tick += 1;
+        self.insert(stream, kind, Vec::new(), snapshot);
     }
 
     fn insert(&self, stream: &str, kind: Kind, periodic: Vec<Arc<Snapshot>>, last: Arc<Snapshot>) {
@@ -214,6 +253,66 @@ impl StateCache {
         if inner.streams.len() > self.options.streams_max {
             evict(&mut inner.streams, self.options.streams_max);
         }
+    }
+}
+
+/// Positions visited per event to fold, at most, for the scan of a position range to be used
+/// (plus [`DENSE_SLACK`]): beyond it the stream's events are too spread out and are read
+/// through the stream index instead.
+const DENSE_FACTOR: u64 = 4;
+/// Positions a dense range may hold beyond [`DENSE_FACTOR`] per folded event.
+const DENSE_SLACK: u64 = 64;
+
+/// Folds the events after `snapshot` up to `revision` by scanning the log's positions between
+/// them, if they are dense enough (see [`DENSE_FACTOR`]); otherwise, or if the range ends
+/// before `revision`, leaves the rest to the caller's reads by stream.
+fn fold_dense_range(
+    log: &dyn EventLog,
+    stream: &str,
+    revision: u64,
+    every: u64,
+    locate: &dyn Fn(u64) -> Option<Position>,
+    snapshot: &mut Snapshot,
+    periodic: &mut Vec<Arc<Snapshot>>,
+) -> Result<()> {
+    let from = snapshot.state.revision() + 1;
+    if from > revision {
+        return Ok(());
+    }
+    let (Some(first), Some(last)) = (locate(from), locate(revision)) else {
+        return Ok(());
+    };
+    if first.0 == 0 || last < first {
+        return Ok(());
+    }
+    let span = last.0 - first.0 + 1;
+    if span > (revision - from + 1).saturating_mul(DENSE_FACTOR) + DENSE_SLACK {
+        return Ok(());
+    }
+    let mut failure = None;
+    log.scan(Position(first.0 - 1), &mut |event| {
+        if event.position > last {
+            return ControlFlow::Break(());
+        }
+        if event.stream != stream {
+            return ControlFlow::Continue(());
+        }
+        if let Err(e) = snapshot.apply(event) {
+            failure = Some(e);
+            return ControlFlow::Break(());
+        }
+        let r = snapshot.state.revision();
+        if r.is_multiple_of(every) && r != revision {
+            periodic.push(Arc::new(snapshot.clone()));
+        }
+        if r >= revision {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    })?;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 
 /// Bumped whenever the persisted form of any projection changes: older checkpoints are then
 /// thrown away and the projection rebuilds.
-pub const CHECKPOINT_FORMAT_VERSION: u32 = 2;
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 3;
 
 /// The directory under the data dir where projections keep their checkpoints.
 pub const CHECKPOINT_DIR: &str = "projections";
@@ -50,20 +50,37 @@ pub fn write<T: Serialize>(
     event_hash: &[u8; 32],
     body: &T,
 ) -> Result<()> {
+    let body = encode(name, body)?;
+    write_encoded(path, name, position, event_hash, &body)
+}
+
+/// The body of a checkpoint of projection `name`, as [`write_encoded`] takes it (so a caller
+/// can serialize under its lock and write after releasing it).
+pub fn encode<T: Serialize>(name: &str, body: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(body).map_err(|e| Error::Invalid {
+        reason: format!("serializing checkpoint {name}: {e}"),
+    })
+}
+
+/// [`write`] of a body already [`encode`]d.
+pub fn write_encoded(
+    path: &Path,
+    name: &str,
+    position: u64,
+    event_hash: &[u8; 32],
+    body: &[u8],
+) -> Result<()> {
     let dir = path.parent().ok_or_else(|| Error::Invalid {
         reason: format!("checkpoint path {} has no directory", path.display()),
     })?;
     fs::create_dir_all(dir).map_err(io("creating the checkpoint directory"))?;
-    let body = serde_json::to_vec(body).map_err(|e| Error::Invalid {
-        reason: format!("serializing checkpoint {name}: {e}"),
-    })?;
     let header = Header {
         format: format!("vmplane-projections/{name}"),
         version: CHECKPOINT_FORMAT_VERSION,
         code: env!("CARGO_PKG_VERSION").to_owned(),
         position,
         event_hash: hex::encode(event_hash),
-        body_sha256: hex::encode(Sha256::digest(&body)),
+        body_sha256: hex::encode(Sha256::digest(body)),
     };
     let mut header = serde_json::to_vec(&header).map_err(|e| Error::Invalid {
         reason: format!("serializing checkpoint header: {e}"),
@@ -80,7 +97,7 @@ pub fn write<T: Serialize>(
             Err(injected("projections::checkpoint::torn_write"))
         });
         file.write_all(&header)
-            .and_then(|()| file.write_all(&body))
+            .and_then(|()| file.write_all(body))
             .map_err(io("writing the checkpoint"))?;
         file.sync_all().map_err(io("syncing the checkpoint"))?;
     }

@@ -241,6 +241,19 @@ impl CommandHandler {
 
     /// Carries out `command` for `meta.actor`.
     pub fn execute(&self, meta: &CommandMeta, command: Command) -> Result<Executed, CommandError> {
+        self.execute_with_state(meta, command).map(|(done, _)| done)
+    }
+
+    /// [`CommandHandler::execute`], also returning the stream's state as the command left it
+    /// (folded from the appended events as the log recorded them, and kept in the state cache
+    /// so the next command on the stream starts from it). `None` when nothing was appended by
+    /// this call (an unchanged object, an idempotent retry) or the events could not be read
+    /// back: the caller then reads the object at [`Executed::position`] instead.
+    pub fn execute_with_state(
+        &self,
+        meta: &CommandMeta,
+        command: Command,
+    ) -> Result<(Executed, Option<Arc<Snapshot>>), CommandError> {
         if let Some(id) = meta.request_id
             && let Some(done) = self
                 .recent
@@ -249,7 +262,7 @@ impl CommandHandler {
                 .results
                 .get(&id)
         {
-            return Ok(done.clone());
+            return Ok((done.clone(), None));
         }
         let stream = command.stream();
         let kind = command.kind();
@@ -264,7 +277,7 @@ impl CommandHandler {
             let command = self.resolve(&snapshot.state, &command)?;
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
             if decision.events.is_empty() {
-                return Ok(Executed {
+                let done = Executed {
                     outcome: decision.outcome,
                     append: None,
                     stream,
@@ -272,7 +285,8 @@ impl CommandHandler {
                     generation: snapshot.state.generation(),
                     position: snapshot.position,
                     attempts,
-                });
+                };
+                return Ok((done, None));
             }
             let generation_after = {
                 let mut after = snapshot.state.clone();
@@ -294,7 +308,8 @@ impl CommandHandler {
                         attempts,
                     };
                     self.remember(meta.request_id, &done);
-                    return Ok(done);
+                    let after = self.state_after(&done.stream, kind, &snapshot, &append);
+                    return Ok((done, after));
                 }
                 Err(vmplane_store::Error::Conflict { .. })
                     if attempts <= self.options.decide_retries_max => {}
@@ -308,7 +323,9 @@ impl CommandHandler {
                 Err(vmplane_store::Error::EventIdReused { position, .. })
                     if meta.request_id.is_some() =>
                 {
-                    return self.replayed(&stream, position, attempts);
+                    return self
+                        .replayed(&stream, position, attempts)
+                        .map(|d| (d, None));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -456,6 +473,48 @@ impl CommandHandler {
 
     /// A retried request whose events are already in the log (found through the store's
     /// idempotency by event id): report where they are.
+    /// `before` (the state a decision was made on) with the events `append` wrote folded in,
+    /// read back from the log by position — the same fold a later read does, without finding
+    /// the stream's events through its index. Cached for the next command on the stream.
+    /// `None` if the append did not follow `before` directly or a read fails (the caller falls
+    /// back to an ordinary read).
+    fn state_after(
+        &self,
+        stream: &str,
+        kind: Kind,
+        before: &Snapshot,
+        append: &AppendResult,
+    ) -> Option<Arc<Snapshot>> {
+        if append.replayed || append.first_revision != before.state.revision() + 1 {
+            return None;
+        }
+        let count = append
+            .last_position
+            .0
+            .checked_sub(append.first_position.0)?
+            + 1;
+        let events = self
+            .log
+            .read_all(
+                Position(append.first_position.0 - 1),
+                usize::try_from(count).ok()?,
+            )
+            .ok()?;
+        if events.len() as u64 != count {
+            return None;
+        }
+        let mut after = before.clone();
+        for event in &events {
+            if event.stream != stream {
+                return None;
+            }
+            after.apply(&event.as_ref()).ok()?;
+        }
+        let after = Arc::new(after);
+        self.cache.put(stream, kind, Arc::clone(&after));
+        Some(after)
+    }
+
     fn replayed(
         &self,
         stream: &str,

@@ -25,7 +25,7 @@ pub fn state_features(state: &VmState) -> Vec<String> {
         Ok(vm) => features_requested(&vm),
         Err(_) => state
             .vm
-            .as_ref()
+            .as_deref()
             .map(features_requested)
             .unwrap_or_default(),
     }

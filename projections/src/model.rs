@@ -76,7 +76,7 @@ pub fn stream_of(kind: Kind, namespace: &str, name: &str) -> String {
 /// The folded state of one stream: the aggregate core defines for its kind.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AggState {
-    /// `vm/<ns>/<name>` (boxed: core's `VmState` is ~13 KB inline).
+    /// `vm/<ns>/<name>` (boxed: core's `VmState` is a few KB inline).
     Vm(Box<VmState>),
     /// `vmi/<ns>/<name>` (standalone VMIs).
     Vmi(Box<VmiState>),
@@ -107,7 +107,8 @@ impl AggState {
     /// Folds one event with core's `evolve`, in place.
     pub fn evolve(&mut self, event: &Event) {
         match self {
-            AggState::Vm(s) => **s = vm::evolve(std::mem::take(&mut **s), event),
+            // In place: a long fold (time travel) must not move the state per event.
+            AggState::Vm(s) => vm::evolve_in_place(s, event),
             AggState::Vmi(s) => **s = vmi::evolve(std::mem::take(&mut **s), event),
             AggState::Snapshot(s) => **s = snapshot::evolve(std::mem::take(&mut **s), event),
             AggState::Restore(s) => **s = restore::evolve(std::mem::take(&mut **s), event),

@@ -198,9 +198,7 @@ impl Projections {
         {
             return Ok(Arc::clone(f));
         }
-        let snapshot = self
-            .cache
-            .state_at(self.log.as_ref(), stream, Kind::KubeVirt, revision)?;
+        let snapshot = self.load(stream, Kind::KubeVirt, revision)?;
         let features = Arc::new(match &snapshot.state {
             AggState::Object(s) => Features::from_cluster(s),
             _ => Features::defaults(),
@@ -256,9 +254,25 @@ impl Projections {
     pub fn rebuild(&self) -> Result<Position> {
         let _applied = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
         self.cache.clear();
-        let mut fresh = ReadModel::default();
+        // Sized like the current model: the log holds at least the streams it has seen.
+        let streams = self
+            .model
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .streams();
+        let mut fresh = ReadModel::with_capacity(streams);
         let reached = scan_into(self.log.as_ref(), &mut fresh, Position(0))?;
-        *self.model.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        let old = std::mem::replace(
+            &mut *self.model.write().unwrap_or_else(PoisonError::into_inner),
+            fresh,
+        );
+        // Freeing a large model takes a while: off the caller's path when a thread is to be had.
+        if let Err(e) = std::thread::Builder::new()
+            .name("projections-drop".into())
+            .spawn(move || drop(old))
+        {
+            tracing::debug!(error = %e, "no thread to free the old read model; freeing it here");
+        }
         Ok(reached)
     }
 
@@ -272,11 +286,17 @@ impl Projections {
         let Some(path) = &self.checkpoint_path else {
             return Ok(());
         };
-        let (position, hash, data) = {
+        // Serialized in place under the read lock (no copy of the model), written and synced
+        // after it is released (catch-up is not held up by the disk).
+        let (position, hash, body) = {
             let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
-            (model.applied().0, model.applied_hash(), model.to_data())
+            (
+                model.applied().0,
+                model.applied_hash(),
+                checkpoint::encode(READ_MODEL, &model.persisted())?,
+            )
         };
-        checkpoint::write(path, READ_MODEL, position, &hash, &data)?;
+        checkpoint::write_encoded(path, READ_MODEL, position, &hash, &body)?;
         applied.last_checkpoint = position;
         Ok(())
     }
@@ -439,9 +459,7 @@ impl Projections {
         } else {
             kind
         };
-        let snapshot = self
-            .cache
-            .state_at(self.log.as_ref(), &stream, stream_kind, revision)?;
+        let snapshot = self.load(&stream, stream_kind, revision)?;
         let now_ms = match (at, now_ns) {
             (At::Current, _) => Timestamp::now().0 / 1_000_000,
             (_, Some(ns)) => ns / 1_000_000,
@@ -455,10 +473,48 @@ impl Projections {
         Ok(render(&snapshot, kind, &features, now_ms))
     }
 
+    /// `kind` `namespace/name` rendered from `snapshot`, the state a write just left it in
+    /// (from [`crate::CommandHandler::execute_with_state`]): the same answer as
+    /// `get_at(kind, namespace, name, At::Position(snapshot.position))`, without folding the
+    /// stream again. Kinds whose stream is not simply theirs (a VMI may live in its VM's
+    /// stream; the cluster config is one stream whatever its name) take the ordinary read.
+    pub fn render_written(
+        &self,
+        snapshot: &Snapshot,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ObjectView>> {
+        if matches!(kind, Kind::VirtualMachineInstance | Kind::KubeVirt) {
+            return self.get_at(kind, namespace, name, At::Position(snapshot.position));
+        }
+        // The cluster config in force at the write's position must be folded in already.
+        if self.position() < snapshot.position {
+            self.catch_up()?;
+        }
+        let features = self.features_at(Some(snapshot.position))?;
+        Ok(render(
+            snapshot,
+            kind,
+            &features,
+            snapshot.recorded_at_ns / 1_000_000,
+        ))
+    }
+
     /// The folded state of `stream` at `revision` (the aggregate, not rendered).
     pub fn state_at(&self, stream: &str, kind: Kind, revision: u64) -> Result<Arc<Snapshot>> {
+        self.load(stream, kind, revision)
+    }
+
+    /// The state cache's fold, told where the stream's revisions are (the read model records
+    /// their positions) so that it can scan a dense range of the log in place.
+    fn load(&self, stream: &str, kind: Kind, revision: u64) -> Result<Arc<Snapshot>> {
+        let locate = |r: u64| {
+            let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+            model.entry(stream).and_then(|e| e.position_of(r))
+        };
         self.cache
-            .state_at(self.log.as_ref(), stream, kind, revision)
+            .state_at_located(self.log.as_ref(), stream, kind, revision, Some(&locate))
     }
 
     /// Every live object of `kind` (in `namespace`, or all namespaces for `None`), read at one
@@ -469,6 +525,22 @@ impl Projections {
         namespace: Option<&str>,
         min_position: Option<Position>,
     ) -> Result<ListResult> {
+        let mut items = Vec::new();
+        let position = self.visit(kind, namespace, min_position, |view| items.push(view))?;
+        Ok(ListResult { items, position })
+    }
+
+    /// [`Projections::list`] one object at a time: `visit` sees each live object of `kind`
+    /// (in `namespace`, or all), rendered at one position, which is returned. Nothing is
+    /// collected, so a caller that only counts (the metrics) holds one object at a time
+    /// however many there are.
+    pub fn visit(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        min_position: Option<Position>,
+        mut visit: impl FnMut(ObjectView),
+    ) -> Result<Position> {
         self.sync(min_position)?;
         let (position, wanted) = {
             let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
@@ -507,23 +579,20 @@ impl Projections {
         };
         let now_ms = Timestamp::now().0 / 1_000_000;
         let features = self.features_at(Some(position))?;
-        let mut items = Vec::with_capacity(wanted.len());
         let mut seen_vmi = std::collections::HashSet::new();
         for ((ns, name), stream, stream_kind, revision) in wanted {
             if seen_vmi.contains(&(ns.clone(), name.clone())) {
                 continue;
             }
-            let snapshot =
-                self.cache
-                    .state_at(self.log.as_ref(), &stream, stream_kind, revision)?;
+            let snapshot = self.load(&stream, stream_kind, revision)?;
             if let Some(view) = render(&snapshot, kind, &features, now_ms) {
                 if kind == Kind::VirtualMachineInstance {
                     seen_vmi.insert((ns, name));
                 }
-                items.push(view);
+                visit(view);
             }
         }
-        Ok(ListResult { items, position })
+        Ok(position)
     }
 
     /// The folded state of every stream of `kind` now, live or deleted (a deleted VM may still
@@ -544,10 +613,7 @@ impl Projections {
         wanted
             .into_iter()
             .filter(|(_, revision)| *revision > 0)
-            .map(|(stream, revision)| {
-                self.cache
-                    .state_at(self.log.as_ref(), &stream, kind, revision)
-            })
+            .map(|(stream, revision)| self.load(&stream, kind, revision))
             .collect()
     }
 

@@ -48,8 +48,13 @@ pub(crate) struct Entry {
     pub kind: u8,
     pub namespace: Option<String>,
     pub name: String,
-    /// `positions[r - 1]` is the position of revision `r`.
-    pub positions: Vec<u64>,
+    /// Events in the stream (its revision).
+    pub revisions: u64,
+    /// Where its revisions are in the log, as runs of consecutive positions: `(r, p)` says
+    /// revision `r` is at position `p`, `r + 1` at `p + 1`, … up to the next run's first
+    /// revision (or `revisions`). Events appended together form one run, so a stream's
+    /// positions cost one pair per append, not one per event.
+    pub runs: Vec<(u64, u64)>,
     pub live: bool,
     pub uid: Option<Uuid>,
     pub firmware: Option<Uuid>,
@@ -67,12 +72,41 @@ impl Entry {
     }
 
     pub fn revision(&self) -> u64 {
-        self.positions.len() as u64
+        self.revisions
     }
 
     /// The last revision at or before `position` (0 if the stream had no event then).
     pub fn revision_at(&self, position: Position) -> u64 {
-        self.positions.partition_point(|p| *p <= position.0) as u64
+        let i = self.runs.partition_point(|(_, p)| *p <= position.0);
+        if i == 0 {
+            return 0;
+        }
+        let (r, p) = self.runs[i - 1];
+        let run_last = self
+            .runs
+            .get(i)
+            .map_or(self.revisions, |(next, _)| next - 1);
+        (r + (position.0 - p)).min(run_last)
+    }
+
+    /// The position of revision `r` (`None` for 0 or past the stream's end).
+    pub fn position_of(&self, r: u64) -> Option<Position> {
+        if r == 0 || r > self.revisions {
+            return None;
+        }
+        let i = self.runs.partition_point(|(first, _)| *first <= r);
+        let (first, p) = *self.runs.get(i.checked_sub(1)?)?;
+        Some(Position(p + (r - first)))
+    }
+
+    /// Records the next revision at `position`.
+    fn push(&mut self, position: u64) {
+        let next = self.revisions + 1;
+        match self.runs.last() {
+            Some((r, p)) if p + (next - r) == position => {}
+            _ => self.runs.push((next, position)),
+        }
+        self.revisions = next;
     }
 }
 
@@ -94,6 +128,15 @@ pub(crate) struct ModelData {
     pub entries: Vec<Entry>,
 }
 
+/// [`ModelData`] borrowed from a live model, for writing a checkpoint without copying it
+/// (same fields, same order, same JSON).
+#[derive(Debug, Serialize)]
+pub(crate) struct PersistedRef<'a> {
+    pub applied: u64,
+    pub applied_hash: String,
+    pub entries: &'a [Entry],
+}
+
 /// Entries plus indexes.
 #[derive(Debug, Default)]
 pub(crate) struct ReadModel {
@@ -108,6 +151,9 @@ pub(crate) struct ReadModel {
     dirty: BTreeSet<u32>,
     /// The hash of the last applied event (kept raw; hexed only when checkpointing).
     applied_hash: [u8; 32],
+    /// The entry of the last applied event: the log holds runs of one stream's events (one
+    /// append), and comparing a name is cheaper than hashing it.
+    last: Option<u32>,
 }
 
 impl ReadModel {
@@ -183,8 +229,15 @@ impl ReadModel {
         }
         self.data.applied = event.position.0;
         self.applied_hash = *event.hash;
-        let idx = match self.by_stream.get(event.stream) {
-            Some(idx) => *idx,
+        let last = self.last.filter(|i| {
+            self.data
+                .entries
+                .get(*i as usize)
+                .map(|e| e.stream.as_str())
+                == Some(event.stream)
+        });
+        let idx = match last.or_else(|| self.by_stream.get(event.stream).copied()) {
+            Some(idx) => idx,
             None => {
                 let Some(parsed) = parse_stream(event.stream) else {
                     return Ok(());
@@ -197,7 +250,8 @@ impl ReadModel {
                     kind: kind_index(parsed.kind),
                     namespace: parsed.namespace.map(str::to_owned),
                     name: parsed.name.to_owned(),
-                    positions: Vec::new(),
+                    revisions: 0,
+                    runs: Vec::new(),
                     live: false,
                     uid: None,
                     firmware: None,
@@ -217,6 +271,7 @@ impl ReadModel {
                 idx
             }
         };
+        self.last = Some(idx);
         let entry = &mut self.data.entries[idx as usize];
         if event.revision != entry.revision() + 1 {
             return Err(Error::Corrupt {
@@ -229,7 +284,7 @@ impl ReadModel {
                 ),
             });
         }
-        entry.positions.push(event.position.0);
+        entry.push(event.position.0);
         match event.event_type {
             "VmCreated" | "VmiCreated" | "ObjectCreated" => {
                 let (uid, firmware, name) = match decode(event)? {
@@ -393,11 +448,26 @@ impl ReadModel {
         out.into_iter().collect()
     }
 
-    /// The persisted form, ready for a checkpoint.
-    pub fn to_data(&self) -> ModelData {
-        let mut data = self.data.clone();
-        data.applied_hash = hex::encode(self.applied_hash);
-        data
+    /// The persisted form, serialized by reference (the same JSON as [`ModelData`]).
+    pub fn persisted(&self) -> PersistedRef<'_> {
+        PersistedRef {
+            applied: self.data.applied,
+            applied_hash: hex::encode(self.applied_hash),
+            entries: &self.data.entries,
+        }
+    }
+
+    /// An empty model with room for `streams` streams.
+    pub fn with_capacity(streams: usize) -> ReadModel {
+        let mut model = ReadModel::default();
+        model.data.entries.reserve(streams);
+        model.by_stream.reserve(streams);
+        model
+    }
+
+    /// Streams known.
+    pub fn streams(&self) -> usize {
+        self.data.entries.len()
     }
 
     pub fn applied_hash(&self) -> [u8; 32] {
@@ -446,5 +516,73 @@ fn derived_of(state: &VmState) -> Derived {
         features: state_features(state),
         instancetype: state.instancetype.as_ref().map(|c| rev(c.revision())),
         preference: state.preference.as_ref().map(|c| rev(c.revision())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn entry() -> Entry {
+        Entry {
+            stream: "vm/ns/a".into(),
+            kind: kind_index(Kind::VirtualMachine),
+            namespace: Some("ns".into()),
+            name: "a".into(),
+            revisions: 0,
+            runs: Vec::new(),
+            live: true,
+            uid: None,
+            firmware: None,
+            derived: Derived::default(),
+            dirty: false,
+        }
+    }
+
+    #[test]
+    fn events_appended_together_take_one_run() {
+        let mut e = entry();
+        for p in 10..110 {
+            e.push(p);
+        }
+        e.push(500);
+        assert_eq!(e.runs, vec![(1, 10), (101, 500)]);
+        assert_eq!(e.revision(), 101);
+        assert_eq!(e.position_of(100), Some(Position(109)));
+        assert_eq!(e.position_of(101), Some(Position(500)));
+        assert_eq!(e.position_of(0), None);
+        assert_eq!(e.position_of(102), None);
+        assert_eq!(e.revision_at(Position(9)), 0);
+        assert_eq!(e.revision_at(Position(300)), 100);
+        assert_eq!(e.revision_at(Position(10_000)), 101);
+    }
+
+    proptest! {
+        /// Runs answer exactly as the list of every revision's position would.
+        #[test]
+        fn runs_answer_like_a_position_per_revision(
+            gaps in proptest::collection::vec(prop_oneof![3 => Just(1u64), 1 => 1u64..20], 0..200),
+            probes in proptest::collection::vec(0u64..4_000, 1..50),
+        ) {
+            let mut e = entry();
+            let mut positions = Vec::new();
+            let mut p = 0;
+            for gap in gaps {
+                p += gap;
+                positions.push(p);
+                e.push(p);
+            }
+            prop_assert_eq!(e.revision(), positions.len() as u64);
+            for (i, p) in positions.iter().enumerate() {
+                prop_assert_eq!(e.position_of(i as u64 + 1), Some(Position(*p)));
+            }
+            prop_assert_eq!(e.position_of(positions.len() as u64 + 1), None);
+            for probe in probes {
+                let expected = positions.partition_point(|p| *p <= probe) as u64;
+                prop_assert_eq!(e.revision_at(Position(probe)), expected);
+            }
+        }
     }
 }

@@ -743,6 +743,125 @@ fn feature_index_answers_which_vms_request_a_feature() {
     );
 }
 
+/// A core-encoded event as the command path would append it.
+fn proposed(event: &vmplane_core::Event) -> vmplane_store::ProposedEvent {
+    let e = vmplane_core::encode(event);
+    vmplane_store::ProposedEvent {
+        id: uuid::Uuid::now_v7(),
+        event_type: e.type_name.to_owned(),
+        schema_version: e.version,
+        payload: e.bytes,
+        actor: "test".into(),
+        correlation_id: uuid::Uuid::now_v7(),
+        causation_id: None,
+    }
+}
+
+fn manifest_json(name: &str, memory: u64) -> String {
+    format!(
+        r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"{name}","namespace":"default"}},"spec":{{"runStrategy":"Halted","template":{{"spec":{{"domain":{{"memory":{{"guest":"{memory}Mi"}},"devices":{{}}}}}}}}}}}}"#
+    )
+}
+
+/// Appends `count` events to `vm/default/<name>` in one append: a creation first if the stream
+/// is new, then spec edits.
+fn append_edits(log: &dyn EventLog, name: &str, revision: &mut u64, count: u64) {
+    use vmplane_core::event::{CreateOrigin, FirmwareOrigin, VmCreated, VmSpecEdited};
+    let mut events = Vec::new();
+    for i in 0..count {
+        let memory = 64 + *revision + i;
+        let event = if *revision + i == 0 {
+            vmplane_core::Event::VmCreated(VmCreated {
+                uid: uuid::Uuid::new_v4(),
+                namespace: "default".into(),
+                name: name.into(),
+                origin: CreateOrigin::Apply,
+                manifest_json: manifest_json(name, memory),
+                firmware_uuid: uuid::Uuid::new_v4(),
+                firmware_serial: None,
+                firmware_origin: FirmwareOrigin::Generated,
+            })
+        } else {
+            vmplane_core::Event::VmSpecEdited(VmSpecEdited {
+                manifest_json: manifest_json(name, memory),
+            })
+        };
+        events.push(proposed(&event));
+    }
+    let expected = if *revision == 0 {
+        vmplane_store::ExpectedRevision::NoStream
+    } else {
+        vmplane_store::ExpectedRevision::Exact(*revision)
+    };
+    log.append(vmplane_store::AppendRequest::new(
+        format!("vm/default/{name}"),
+        expected,
+        events,
+    ))
+    .expect("append");
+    *revision += count;
+}
+
+/// Time travel folds a stream's events by scanning the log's positions in place when they sit
+/// close together, and through the stream index when other streams' events lie between them:
+/// either way, at every revision, from a warm or a cold cache, the state is the one a plain
+/// fold of the stream's own events gives.
+#[test]
+fn folding_by_position_range_equals_folding_by_stream_reads() {
+    let env = env();
+    let (mut a, mut b, mut noise) = (0u64, 0u64, 0u64);
+    for round in 0..40u64 {
+        // Bursts of `a` (dense), single events of `b` between them, and every 5th round a
+        // long run of another stream, so some ranges are too sparse to scan.
+        append_edits(env.log.as_ref(), "a", &mut a, round % 7 + 1);
+        append_edits(env.log.as_ref(), "b", &mut b, 1);
+        if round % 5 == 4 {
+            append_edits(env.log.as_ref(), "noise", &mut noise, 150);
+        }
+    }
+    env.projections.catch_up().expect("catch up");
+    for (stream, revisions) in [("vm/default/a", a), ("vm/default/b", b)] {
+        let plain = vmplane_projections::StateCache::new(vmplane_projections::CacheOptions {
+            snapshot_every_revisions: u64::MAX,
+            ..vmplane_projections::CacheOptions::default()
+        });
+        let expected: Vec<_> = (1..=revisions)
+            .map(|r| {
+                plain.clear();
+                plain
+                    .state_at(env.log.as_ref(), stream, Kind::VirtualMachine, r)
+                    .expect("plain fold")
+            })
+            .collect();
+        // Warm (in order, then at random), then cold, in reverse order.
+        let mut order: Vec<u64> = (1..=revisions).collect();
+        order.extend((1..=revisions).map(|r| (r * 7919) % revisions + 1));
+        for r in order {
+            let got = env
+                .projections
+                .state_at(stream, Kind::VirtualMachine, r)
+                .expect("state_at");
+            assert_eq!(
+                *got,
+                *expected[(r - 1) as usize],
+                "{stream} at revision {r}"
+            );
+        }
+        for r in (1..=revisions).rev() {
+            env.projections.cache().clear();
+            let got = env
+                .projections
+                .state_at(stream, Kind::VirtualMachine, r)
+                .expect("state_at");
+            assert_eq!(
+                *got,
+                *expected[(r - 1) as usize],
+                "{stream} at revision {r} (cold)"
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Time travel, against a model that records every version
 

@@ -249,28 +249,38 @@ fn main() {
         run.as_secs(),
         thread::available_parallelism().map_or(0, |n| n.get())
     );
-    let log = Arc::new(EtcdLog::open(cluster.options("probe")).expect("open"));
+    // The same log code with 1 (no pipelining) and 2 commit transactions in flight, each on its
+    // own namespace, beside raw puts: every ratio is within this run.
+    let depths: Vec<usize> = std::env::var("VMPLANE_PROBE_DEPTHS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|d| d.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2]);
+    let logs: Vec<(usize, Arc<EtcdLog>)> = depths
+        .iter()
+        .map(|&depth| {
+            let mut options = cluster.options(&format!("probe-depth-{depth}"));
+            options.pipeline_depth = depth;
+            (depth, Arc::new(EtcdLog::open(options).expect("open")))
+        })
+        .collect();
     for writers in [1, 16, 64] {
-        print(
-            "raw etcd put",
-            writers,
-            &raw_puts(&endpoints, writers, payload, run),
-        );
-        let before = log.commit_stats();
-        print(
-            "EtcdLog append",
-            writers,
-            &appends(&log, writers, payload, run),
-        );
-        let after = log.commit_stats();
-        let commits = (after.commits - before.commits).max(1);
-        println!(
-            "{:<36} {:.1} events per transaction, {:.2} ms per transaction, {} guard failures",
-            "",
-            (after.events - before.events) as f64 / commits as f64,
-            (after.commit_micros - before.commit_micros) as f64 / commits as f64 / 1e3,
-            after.guard_failures - before.guard_failures
-        );
+        let raw = raw_puts(&endpoints, writers, payload, run);
+        print("raw etcd put", writers, &raw);
+        for (depth, log) in &logs {
+            let before = log.commit_stats();
+            let f = appends(log, writers, payload, run);
+            print(&format!("EtcdLog depth {depth}"), writers, &f);
+            let after = log.commit_stats();
+            let commits = (after.commits - before.commits).max(1);
+            println!(
+                "{:<36} {:.2}x raw puts; {:.1} events per transaction, {:.2} ms per transaction, {} guard failures",
+                "",
+                f.per_second / raw.per_second.max(1e-9),
+                (after.events - before.events) as f64 / commits as f64,
+                (after.commit_micros - before.commit_micros) as f64 / commits as f64 / 1e3,
+                after.guard_failures - before.guard_failures
+            );
+        }
     }
     for (compares, in_flight) in [(false, 1), (true, 1), (true, 4)] {
         let f = raw_group_txns(&endpoints, 42, payload, compares, in_flight, run);
@@ -289,8 +299,13 @@ fn main() {
             f.per_second * 42.0
         );
     }
-    let verified = log
-        .verify(&|_, _, _| Ok(()))
-        .expect("the probe's log verifies");
-    println!("verified: {} events, chain intact", verified.events);
+    for (depth, log) in &logs {
+        let verified = log
+            .verify(&|_, _, _| Ok(()))
+            .expect("the probe's log verifies");
+        println!(
+            "verified (depth {depth}): {} events, positions gapless, chain intact",
+            verified.events
+        );
+    }
 }

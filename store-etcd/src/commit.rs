@@ -13,8 +13,11 @@
 //!    it (a rejected request fails alone), exactly as the sled backend does;
 //! 3. sends one `Txn`: **if** `head == <known head>` and no event id of the group exists yet,
 //!    **then** put every event at `log/<pos>`, its id, its stream entry, the stream heads, the
-//!    claim changes, the time index and the new head; **else** get the head, `log/<first pos>`
-//!    and the group's id keys — one round trip that tells why it failed;
+//!    claim changes, the time index and the new head (and, for a fenced group, **if** the
+//!    leader key's create revision is the fence's token); **else** get the head,
+//!    `log/<first pos>` (and the leader key). If neither a moved head, nor our own earlier
+//!    attempt, nor a stale fence explains the failure, an id of the group exists: the ids are
+//!    read in a separate round trip (rare; it keeps every commit's request small);
 //! 4. on success updates its caches and publishes the head; on failure learns the committed ids
 //!    (a retry after a timeout: decided as a replay next time), or that another server wrote
 //!    (caches dropped), and tries again. A request whose outcome stayed unknown (the transaction
@@ -24,17 +27,19 @@
 //! Every group has a deadline (its oldest request's arrival plus `unavailable_after`); past it
 //! the group fails with [`Error::Unavailable`] naming etcd.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 use vmplane_store::hash::event_hash;
 use vmplane_store::log::decide_claims;
-use vmplane_store::{AppendRequest, AppendResult, Error, Position, RecordedEventRef, Result};
+use vmplane_store::{
+    AppendRequest, AppendResult, Error, Fence, Position, RecordedEventRef, Result,
+};
 use vmplane_store::{Revision, Timestamp};
 
 use crate::codec;
@@ -52,6 +57,9 @@ const GUARD_RETRIES_MAX: u32 = 64;
 /// One queued append.
 pub(crate) struct Pending {
     pub request: AppendRequest,
+    /// Leadership the append must still hold when it commits: a group holds only appends with
+    /// the same fence (or none), so a stale fence fails its own group and nobody else's.
+    pub fence: Option<Fence>,
     pub arrived: Instant,
     pub reply: oneshot::Sender<Result<AppendResult>>,
 }
@@ -176,23 +184,39 @@ impl Committer {
         }
     }
 
-    /// Commits groups until every sender is gone.
+    /// Commits groups until every sender is gone, keeping up to `pipeline_depth` transactions
+    /// in flight: group N+1 is decided and sent on the state group N will leave (its head
+    /// compare names N's new head), so etcd's raft can commit them in one round. When a
+    /// transaction in the pipeline fails, every later one was decided on a state that did not
+    /// happen: they are settled one by one (a later one that committed anyway is acknowledged,
+    /// the others are decided again on a fresh read), so positions stay gapless and the chain
+    /// intact. Anything off the fast path (a stream or claim not cached, a conflict that may be a
+    /// retry, another server's commit) drains the pipeline and commits alone.
     pub(crate) async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Pending>) {
         let mut carried: Option<Pending> = None;
+        let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         loop {
             let first = match carried.take() {
-                Some(pending) => pending,
-                None => match queue.recv().await {
-                    Some(pending) => pending,
+                Some(pending) => Some(pending),
+                None if in_flight.is_empty() => match queue.recv().await {
+                    Some(pending) => Some(pending),
                     None => return,
                 },
+                None if in_flight.len() < self.options.pipeline_depth.max(1) => {
+                    queue.try_recv().ok()
+                }
+                None => None,
+            };
+            let Some(first) = first else {
+                self.complete_oldest(&mut in_flight).await;
+                continue;
             };
             let mut budget = Budget::default();
             budget.add(Budget::cost(&first.request));
             let mut group = vec![first];
             while let Ok(next) = queue.try_recv() {
                 let cost = Budget::cost(&next.request);
-                if budget.fits(&cost) {
+                if next.fence == group[0].fence && budget.fits(&cost) {
                     budget.add(cost);
                     group.push(next);
                 } else {
@@ -200,25 +224,216 @@ impl Committer {
                     break;
                 }
             }
-            let requests: Vec<&AppendRequest> = group.iter().map(|p| &p.request).collect();
+            let fence = group[0].fence.clone();
             let deadline = group
                 .iter()
                 .map(|p| p.arrived)
                 .min()
                 .unwrap_or_else(Instant::now)
                 + self.options.unavailable_after;
-            let results = self.commit_group(&requests, deadline).await;
-            for (pending, result) in group.into_iter().zip(results) {
-                // The appender may have given up (its thread panicked); nothing to do then.
-                let _ = pending.reply.send(result);
+            let group = match self.try_pipeline(group, fence.clone(), deadline) {
+                Ok(flight) => {
+                    in_flight.push_back(flight);
+                    continue;
+                }
+                Err(group) => group,
+            };
+            while !in_flight.is_empty() {
+                self.complete_oldest(&mut in_flight).await;
+            }
+            let requests: Vec<&AppendRequest> = group.iter().map(|p| &p.request).collect();
+            let results = self.commit_group(&requests, fence.as_ref(), deadline).await;
+            reply(group, results);
+        }
+    }
+
+    /// The fast path: when everything the group needs is cached and every request is accepted,
+    /// decides it on the state the transactions in flight will leave, sends its transaction
+    /// and takes its effects into the caches at once. Hands the group back otherwise.
+    fn try_pipeline(
+        &mut self,
+        group: Vec<Pending>,
+        fence: Option<Fence>,
+        deadline: Instant,
+    ) -> std::result::Result<InFlight, Vec<Pending>> {
+        if self.stale || self.shared.head() > self.head.position || self.ids.len() > KNOWN_IDS_MAX {
+            return Err(group);
+        }
+        let cached = group.iter().all(|p| {
+            let known = p
+                .request
+                .events
+                .iter()
+                .filter(|e| self.ids.contains_key(&e.id))
+                .count();
+            self.streams.contains_key(&p.request.stream)
+                && p.request
+                    .claims
+                    .iter()
+                    .all(|c| self.claims.contains_key(c.key()))
+                && (known == 0 || known == p.request.events.len())
+        });
+        if !cached {
+            return Err(group);
+        }
+        let mut overlay = Overlay {
+            next_position: self.head.position + 1,
+            ..Overlay::default()
+        };
+        let mut decisions = Vec::with_capacity(group.len());
+        for pending in &group {
+            let decision = self.decide(&overlay, &pending.request);
+            match &decision {
+                Decision::Accept {
+                    first_revision,
+                    first_position,
+                    claims,
+                    ..
+                } => overlay.accept(&pending.request, *first_revision, *first_position, claims),
+                Decision::Replay(_) => {}
+                Decision::Reject(_) => return Err(group),
+            }
+            decisions.push(decision);
+        }
+        if overlay.next_position == self.head.position + 1 {
+            return Err(group);
+        }
+        let requests: Vec<&AppendRequest> = group.iter().map(|p| &p.request).collect();
+        let plan = self.plan(&requests, &decisions, &overlay, fence.as_ref());
+        let etcd = self.etcd.clone();
+        let txn = plan.txn;
+        let response =
+            tokio::spawn(async move { etcd.txn("committing appends", deadline, txn).await });
+        let ids: Vec<Uuid> = overlay.ids.keys().copied().collect();
+        let events = ids.len() as u64;
+        // Speculatively committed: the next group is decided after this one.
+        self.head = plan.head;
+        for (stream, revision) in overlay.heads {
+            self.streams.insert(stream, Some(revision));
+        }
+        for (key, owner) in overlay.claims {
+            self.claims.insert(key, owner);
+        }
+        self.ids.extend(overlay.ids);
+        Ok(InFlight {
+            group,
+            fence,
+            deadline,
+            decisions,
+            head: plan.head,
+            first_id: plan.first_id,
+            ids,
+            events,
+            sent: Instant::now(),
+            response,
+        })
+    }
+
+    /// Waits for the oldest transaction in flight and answers its group. If it did not commit,
+    /// settles every later one too (they were decided on its success).
+    async fn complete_oldest(&mut self, in_flight: &mut VecDeque<InFlight>) {
+        let Some(mut flight) = in_flight.pop_front() else {
+            return;
+        };
+        let response = flight.wait().await;
+        self.shared
+            .commit_micros
+            .fetch_add(flight.sent.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if let Ok(r) = &response
+            && r.succeeded()
+        {
+            self.committed(&flight);
+            reply(
+                flight.group,
+                flight
+                    .decisions
+                    .into_iter()
+                    .map(Decision::into_result)
+                    .collect(),
+            );
+            return;
+        }
+        // The pipeline is broken: nothing decided after this transaction can be trusted.
+        self.stale = true;
+        let mut broken = vec![(flight, response)];
+        while let Some(mut later) = in_flight.pop_front() {
+            let response = later.wait().await;
+            broken.push((later, response));
+        }
+        for (flight, response) in broken {
+            self.settle(flight, response).await;
+        }
+    }
+
+    /// Answers a group whose transaction may not have committed.
+    async fn settle(&mut self, flight: InFlight, response: Result<TxnResponse, Failure>) {
+        let response = match response {
+            Ok(response) if response.succeeded() => {
+                // A later transaction committed: the one before it had committed after all.
+                self.committed(&flight);
+                let results = flight
+                    .decisions
+                    .into_iter()
+                    .map(Decision::into_result)
+                    .collect();
+                reply(flight.group, results);
+                return;
+            }
+            other => other,
+        };
+        // Its effects are not known to be in etcd: forget them (the caches are stale already).
+        for id in &flight.ids {
+            self.ids.remove(id);
+        }
+        match response {
+            Err(failure) => {
+                let results = unknown_outcome(flight.decisions, &failure);
+                reply(flight.group, results);
+            }
+            Ok(response) => {
+                self.shared.guard_failures.fetch_add(1, Ordering::Relaxed);
+                let values = gets(&response);
+                let ours = values
+                    .get(1)
+                    .cloned()
+                    .flatten()
+                    .and_then(|kv| codec::stored_id(kv.value()))
+                    == Some(flight.first_id);
+                if ours {
+                    // An earlier attempt of this very transaction committed (answer lost).
+                    self.committed(&flight);
+                    let results = flight
+                        .decisions
+                        .into_iter()
+                        .map(Decision::into_result)
+                        .collect();
+                    reply(flight.group, results);
+                    return;
+                }
+                let requests: Vec<&AppendRequest> =
+                    flight.group.iter().map(|p| &p.request).collect();
+                let results = self
+                    .commit_group(&requests, flight.fence.as_ref(), flight.deadline)
+                    .await;
+                reply(flight.group, results);
             }
         }
+    }
+
+    /// A transaction of the pipeline committed: count it and publish its head.
+    fn committed(&self, flight: &InFlight) {
+        self.shared.commits.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .committed_events
+            .fetch_add(flight.events, Ordering::Relaxed);
+        self.shared.publish(flight.head.position);
     }
 
     /// Decides and commits one group; returns each request's result, in order.
     async fn commit_group(
         &mut self,
         group: &[&AppendRequest],
+        fence: Option<&Fence>,
         deadline: Instant,
     ) -> Vec<Result<AppendResult>> {
         let mut guard_failures = 0u32;
@@ -282,7 +497,7 @@ impl Committer {
             if overlay.next_position == self.head.position + 1 {
                 return decisions.into_iter().map(Decision::into_result).collect();
             }
-            let plan = self.plan(group, &decisions, &overlay);
+            let plan = self.plan(group, &decisions, &overlay, fence);
             let sent = Instant::now();
             let response = self
                 .etcd
@@ -297,36 +512,14 @@ impl Committer {
                     // The outcome of the last attempt is unknown: the appenders retry with the
                     // same event ids, which the idempotency rule makes safe.
                     self.stale = true;
-                    let reason = match &failure {
-                        Failure::Unavailable(reason) => format!(
-                            "{reason}; the append may or may not be committed: retry it with the \
-                             same event ids"
-                        ),
-                        Failure::Refused { reason, .. } => reason.clone(),
-                    };
-                    return decisions
-                        .into_iter()
-                        .map(|decision| match decision {
-                            Decision::Reject(err) => Err(err),
-                            Decision::Replay(result) => Ok(result),
-                            Decision::Accept { .. } => Err(match &failure {
-                                Failure::Unavailable(_) => Error::Unavailable {
-                                    reason: reason.clone(),
-                                },
-                                Failure::Refused { context, .. } => Error::Storage {
-                                    context,
-                                    reason: reason.clone(),
-                                },
-                            }),
-                        })
-                        .collect();
+                    return unknown_outcome(decisions, &failure);
                 }
             };
             if response.succeeded() {
                 self.apply(plan.head, overlay);
                 return decisions.into_iter().map(Decision::into_result).collect();
             }
-            // The guard failed: the failure list read the head, log/<first pos> and the ids.
+            // The guard failed: the failure list read the head, log/<first pos> (and the fence).
             self.shared.guard_failures.fetch_add(1, Ordering::Relaxed);
             let values = gets(&response);
             let found_head = match values.first().cloned().flatten() {
@@ -349,25 +542,45 @@ impl Committer {
                 self.stale |= moved_on;
                 return decisions.into_iter().map(Decision::into_result).collect();
             }
-            let ids: Vec<Uuid> = overlay.ids.keys().copied().collect();
+            if let Some(fence) = fence {
+                let key = self.keys.fence(&fence.name);
+                let current = values
+                    .iter()
+                    .flatten()
+                    .find(|kv| kv.key() == key.as_slice())
+                    .map(|kv| kv.create_revision() as u64);
+                if current != Some(fence.token) {
+                    // The leadership term is over: every accepted append of this group carried
+                    // that fence; none was written.
+                    return decisions
+                        .into_iter()
+                        .zip(group)
+                        .map(|(decision, request)| match decision {
+                            Decision::Accept { .. } => Err(Error::Fenced {
+                                fence: fence.clone(),
+                                current,
+                                not_written: request.event_ids(),
+                            }),
+                            other => other.into_result(),
+                        })
+                        .collect();
+                }
+            }
+            // The head did not move, so an id compare failed: an append of this group was
+            // committed before (a retry, maybe through another server). The ids are read in a
+            // round trip of their own (rare), which keeps every commit's failure list short.
             let mut learned = false;
-            for kv in values.iter().skip(2).flatten() {
-                if let Some(id) = ids.iter().find(|id| self.keys.id(id) == kv.key()) {
-                    match IdLocation::decode(id, kv.value()) {
-                        Ok(location) => {
-                            self.ids.insert(*id, location);
-                            learned = true;
-                        }
-                        Err(err) => {
-                            return group
-                                .iter()
-                                .map(|_| {
-                                    Err(Error::Damaged {
-                                        reason: err.to_string(),
-                                    })
-                                })
-                                .collect();
-                        }
+            if found_head.as_ref().ok() == Some(&self.head) {
+                let ids: Vec<Uuid> = overlay.ids.keys().copied().collect();
+                let mut absent_now = HashSet::new();
+                match self.look_up_ids(&ids, &mut absent_now, deadline).await {
+                    Ok(()) => learned = absent_now.len() < ids.len(),
+                    Err(failure) => {
+                        self.stale = true;
+                        return group
+                            .iter()
+                            .map(|_| Err(failure.clone().into_error()))
+                            .collect();
                     }
                 }
             }
@@ -616,7 +829,13 @@ impl Committer {
     }
 
     /// The group's transaction.
-    fn plan(&self, group: &[&AppendRequest], decisions: &[Decision], overlay: &Overlay) -> Plan {
+    fn plan(
+        &self,
+        group: &[&AppendRequest],
+        decisions: &[Decision],
+        overlay: &Overlay,
+        fence: Option<&Fence>,
+    ) -> Plan {
         let keys = &self.keys;
         let recorded_at = Timestamp::now().0.max(self.head.recorded_at);
         let mut compares = vec![if self.head.position == 0 {
@@ -674,7 +893,6 @@ impl Committer {
                     CompareOp::Equal,
                     0,
                 ));
-                failure.push(TxnOp::get(keys.id(&proposed.id), None));
                 first_id.get_or_insert(proposed.id);
                 prev_hash = hash;
             }
@@ -707,6 +925,16 @@ impl Committer {
             None,
         ));
         success.push(TxnOp::put(keys.head(), head.encode(), None));
+        if let Some(fence) = fence {
+            // The leadership key still has the create revision of the fence's term: a deposed
+            // leader's key is gone (its lease expired) or re-created by the next term.
+            compares.push(Compare::create_revision(
+                keys.fence(&fence.name),
+                CompareOp::Equal,
+                i64::try_from(fence.token).unwrap_or(i64::MAX),
+            ));
+            failure.push(TxnOp::get(keys.fence(&fence.name), None));
+        }
         Plan {
             txn: Txn::new().when(compares).and_then(success).or_else(failure),
             head,
@@ -732,6 +960,65 @@ impl Committer {
             .fetch_add(events, Ordering::Relaxed);
         self.shared.publish(head.position);
     }
+}
+
+/// A group whose transaction is in flight.
+struct InFlight {
+    group: Vec<Pending>,
+    fence: Option<Fence>,
+    deadline: Instant,
+    decisions: Vec<Decision>,
+    /// The head once it commits.
+    head: Head,
+    first_id: Uuid,
+    ids: Vec<Uuid>,
+    events: u64,
+    sent: Instant,
+    response: tokio::task::JoinHandle<Result<TxnResponse, Failure>>,
+}
+
+impl InFlight {
+    async fn wait(&mut self) -> Result<TxnResponse, Failure> {
+        match (&mut self.response).await {
+            Ok(response) => response,
+            Err(err) => Err(Failure::Unavailable(format!(
+                "etcd: the task committing appends failed: {err}"
+            ))),
+        }
+    }
+}
+
+fn reply(group: Vec<Pending>, results: Vec<Result<AppendResult>>) {
+    for (pending, result) in group.into_iter().zip(results) {
+        // The appender may have given up (its thread panicked); nothing to do then.
+        let _ = pending.reply.send(result);
+    }
+}
+
+/// The answers to a group whose transaction's outcome is unknown (or refused).
+fn unknown_outcome(decisions: Vec<Decision>, failure: &Failure) -> Vec<Result<AppendResult>> {
+    let reason = match failure {
+        Failure::Unavailable(reason) => format!(
+            "{reason}; the append may or may not be committed: retry it with the same event ids"
+        ),
+        Failure::Refused { reason, .. } => reason.clone(),
+    };
+    decisions
+        .into_iter()
+        .map(|decision| match decision {
+            Decision::Reject(err) => Err(err),
+            Decision::Replay(result) => Ok(result),
+            Decision::Accept { .. } => Err(match failure {
+                Failure::Unavailable(_) => Error::Unavailable {
+                    reason: reason.clone(),
+                },
+                Failure::Refused { context, .. } => Error::Storage {
+                    context,
+                    reason: reason.clone(),
+                },
+            }),
+        })
+        .collect()
 }
 
 impl Overlay {

@@ -7,6 +7,8 @@
 //! <ns>/v1/stream/<len:04>/<stream>/<!rev:020>   "<pos:020>:<count>"  one per append, immutable
 //! <ns>/v1/claim/<key>                           owner                          put / deleted
 //! <ns>/v1/time/<recorded_at:020>/<pos:020>      ""  one per committed batch (its first position)
+//! <ns>/v1/leader/<name>                         holder  with the term's lease; create revision =
+//!                                               the fence token of the term
 //! ```
 //!
 //! Numbers are zero-padded so key order is numeric order. A stream's entries are keyed by the
@@ -99,6 +101,12 @@ impl Keys {
 
     pub(crate) fn claim(&self, key: &str) -> Vec<u8> {
         format!("{}claim/{key}", self.root).into_bytes()
+    }
+
+    /// The key of leadership `name`: created with a lease by the term that holds it
+    /// ([`crate::Election`]); its create revision is the term's fence token.
+    pub(crate) fn fence(&self, name: &str) -> Vec<u8> {
+        format!("{}leader/{name}", self.root).into_bytes()
     }
 
     pub(crate) fn time(&self, at: Timestamp, first_position: u64) -> Vec<u8> {

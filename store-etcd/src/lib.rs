@@ -16,6 +16,8 @@
 //!   position-numbered keys, then live through an etcd watch. (The trait's portable
 //!   `subscribe` works too: the head watch wakes it.)
 //! - [`CommitStats`]: what the committer did (events per transaction, guard failures).
+//! - [`Election`] ([`EtcdLog::election`]) and [`Term`]: leadership through an etcd lease; a
+//!   term's [`Term::fence`] makes [`EventLog::append_fenced`] write only while the term holds.
 //! - `harness` (feature `harness`): starts real etcd clusters on free loopback ports for tests
 //!   and probes, and stops them again.
 //!
@@ -30,6 +32,7 @@
 //! stream/<len:04>/<stream>/<!rev:020>  "<first pos>:<count>"  one per append           immutable
 //! claim/<key>                        owner                    (deleted when released)
 //! time/<recorded_at:020>/<pos:020>   ""   one per committed batch, at its first position  immutable
+//! leader/<name>                      holder, with the term's lease; create revision = fence token
 //! ```
 //!
 //! `!rev` is `u64::MAX - first revision`: a stream's latest entry sorts first, so its revision is
@@ -53,6 +56,16 @@
 //! its own `EtcdLog` on one namespace, stay correct: a failed guard means another server
 //! committed; the committer reloads and decides again (details in the `commit` module). An append
 //! returns only after etcd acknowledged the transaction, i.e. after a quorum persisted it.
+//!
+//! A **fenced** append ([`EventLog::append_fenced`], what the elected reconciler writes with)
+//! adds one compare to its group's transaction: `create_revision(leader/<name>) == token`. Only
+//! appends with the same fence share a group, so a stale fence fails its own group
+//! ([`vmplane_store::Error::Fenced`], nothing written) and never an unfenced writer's append.
+//!
+//! `pipeline_depth` > 1 keeps several transactions in flight, each compared against the head the
+//! one before it will leave; it is correct (tested with two servers breaking each other's
+//! pipelines) but off by default: etcd may apply concurrent requests out of order, and an
+//! overtaking transaction fails its compare and drains the pipeline.
 //!
 //! ## Faults
 //!
@@ -94,10 +107,12 @@ mod etcd;
 #[cfg(feature = "harness")]
 pub mod harness;
 mod keys;
+mod leader;
 mod read;
 mod subscribe;
 mod watch;
 
+pub use leader::{ELECTION_NAME_BYTES_MAX, Election, Term};
 pub use subscribe::EtcdSubscription;
 
 use std::fmt;
@@ -109,8 +124,8 @@ use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 use vmplane_store::log::check_request;
 use vmplane_store::{
-    AppendRequest, AppendResult, Direction, Error, EventLog, Limits, PayloadValidator, Position,
-    RecordedEvent, Result, Revision, Timestamp, VerifyReport, Visitor,
+    AppendRequest, AppendResult, Direction, Error, EventLog, Fence, Limits, PayloadValidator,
+    Position, RecordedEvent, Result, Revision, Timestamp, VerifyReport, Visitor,
 };
 
 use crate::commit::{Committer, Pending};
@@ -133,11 +148,16 @@ pub struct EtcdOptions {
     /// How long etcd may fail to answer before an operation fails with `Unavailable`. For an
     /// append it counts from the moment the append was queued.
     pub unavailable_after: Duration,
+    /// Commit transactions the committer keeps in flight at once (at least 1; 1 = each group
+    /// waits for the one before it). Default 1: etcd may apply concurrent requests out of
+    /// order, and a pipelined transaction that overtakes the one before it fails its head
+    /// compare and drains the pipeline; measured slower than 1 here (README). See `commit`.
+    pub pipeline_depth: usize,
 }
 
 impl EtcdOptions {
     /// Defaults: 2 s per request (above etcd's leader election, below its 7 s proposal timeout),
-    /// unavailable after 10 s.
+    /// unavailable after 10 s, one commit transaction in flight.
     #[must_use]
     pub fn new(endpoints: Vec<String>, namespace: impl Into<String>) -> EtcdOptions {
         EtcdOptions {
@@ -145,6 +165,7 @@ impl EtcdOptions {
             namespace: namespace.into(),
             request_timeout: Duration::from_secs(2),
             unavailable_after: Duration::from_secs(10),
+            pipeline_depth: 1,
         }
     }
 }
@@ -320,6 +341,30 @@ impl EtcdLog {
         }
     }
 
+    /// Leadership `name` of this log (e.g. `reconciler`), campaigned for as `holder` (shown to
+    /// operators in the key's value) with leases of `ttl`. See [`Election::campaign`]; a term's
+    /// [`Term::fence`] is what [`EventLog::append_fenced`] checks.
+    pub fn election(
+        &self,
+        name: &str,
+        ttl: Duration,
+        holder: impl Into<String>,
+    ) -> Result<Election> {
+        let Some(runtime) = &self.runtime else {
+            return Err(Error::Unavailable {
+                reason: "the etcd log is closed".into(),
+            });
+        };
+        Election::new(
+            runtime.handle().clone(),
+            self.etcd.clone(),
+            &self.keys,
+            name,
+            holder.into(),
+            ttl,
+        )
+    }
+
     /// The options it was opened with.
     #[must_use]
     pub fn options(&self) -> &EtcdOptions {
@@ -351,8 +396,8 @@ impl Drop for EtcdLog {
     }
 }
 
-impl EventLog for EtcdLog {
-    fn append(&self, request: AppendRequest) -> Result<AppendResult> {
+impl EtcdLog {
+    fn queue_append(&self, request: AppendRequest, fence: Option<Fence>) -> Result<AppendResult> {
         check_request(&Self::LIMITS, &request)?;
         let Some(queue) = &self.queue else {
             return Err(Error::Unavailable {
@@ -362,6 +407,7 @@ impl EventLog for EtcdLog {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             request,
+            fence,
             arrived: Instant::now(),
             reply,
         };
@@ -375,6 +421,19 @@ impl EventLog for EtcdLog {
                 reason: "the etcd committer stopped before answering".into(),
             })
         })
+    }
+}
+
+impl EventLog for EtcdLog {
+    fn append(&self, request: AppendRequest) -> Result<AppendResult> {
+        self.queue_append(request, None)
+    }
+
+    /// The fence is one more compare in the group's transaction: `create_revision` of
+    /// `<namespace>/v1/leader/<name>` equals the token. Fenced appends are grouped only with
+    /// appends carrying the same fence.
+    fn append_fenced(&self, request: AppendRequest, fence: &Fence) -> Result<AppendResult> {
+        self.queue_append(request, Some(fence.clone()))
     }
 
     fn read_stream(

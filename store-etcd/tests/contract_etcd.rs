@@ -6,13 +6,16 @@ mod support;
 
 use std::sync::Arc;
 
-use vmplane_store::EventLog;
+use std::time::Duration;
+
 use vmplane_store::contract::Fixture;
-use vmplane_store_etcd::{EtcdLog, EtcdOptions};
+use vmplane_store::{EventLog, Fence};
+use vmplane_store_etcd::{EtcdLog, EtcdOptions, Term};
 
 struct EtcdFixture {
     options: EtcdOptions,
     log: Option<Arc<EtcdLog>>,
+    term: Option<Term>,
 }
 
 impl Fixture for EtcdFixture {
@@ -32,6 +35,25 @@ impl Fixture for EtcdFixture {
         self.log = Some(Arc::clone(&log));
         log
     }
+
+    /// A real election: the previous term resigns (its lease is revoked, etcd deletes the key),
+    /// then a campaign creates the key again under a new lease.
+    fn take_fence(&mut self, name: &str) -> Fence {
+        if let Some(term) = self.term.take() {
+            term.resign();
+        }
+        let log = self.log.as_ref().expect("the log is open");
+        let election = log
+            .election(name, Duration::from_secs(5), "contract")
+            .expect("election");
+        let term = election
+            .campaign(&|| false)
+            .expect("campaign")
+            .expect("elected");
+        let fence = term.fence().clone();
+        self.term = Some(term);
+        fence
+    }
 }
 
 fn fixture() -> Box<dyn Fixture> {
@@ -40,6 +62,7 @@ fn fixture() -> Box<dyn Fixture> {
     Box::new(EtcdFixture {
         options,
         log: Some(log),
+        term: None,
     })
 }
 

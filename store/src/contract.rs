@@ -26,9 +26,10 @@ use uuid::Uuid;
 use crate::error::Error;
 use crate::hash::{GENESIS_PREV_HASH, event_hash};
 use crate::log::EventLog;
+use crate::log::FencedLog;
 use crate::types::{
-    AppendRequest, AppendResult, Claim, Direction, ExpectedRevision, Position, ProposedEvent,
-    RecordedEvent, Timestamp,
+    AppendRequest, AppendResult, Claim, Direction, ExpectedRevision, Fence, Position,
+    ProposedEvent, RecordedEvent, Timestamp,
 };
 
 /// A log under test that can be closed and opened again on the same storage.
@@ -37,6 +38,10 @@ pub trait Fixture {
     fn log(&self) -> Arc<dyn EventLog>;
     /// Closes the log and opens the same storage again, as after a restart.
     fn reopen(&mut self) -> Arc<dyn EventLog>;
+    /// Begins a new term of leadership `name` the way the backend's leaders do (sled: in
+    /// process; etcd: a lease and the leader key), ending the term this fixture took before,
+    /// and returns the new term's fence.
+    fn take_fence(&mut self, name: &str) -> Fence;
 }
 
 /// Makes a fresh, empty log for one test.
@@ -77,6 +82,7 @@ macro_rules! contract_tests {
             reopen_keeps_events_heads_claims_and_chain,
             concurrent_exact_appends_lose_no_update,
             log_matches_an_in_memory_model,
+            fenced_append_with_a_stale_fence_is_rejected_and_writes_nothing,
         );
     };
     (@tests $factory:expr; $($name:ident),* $(,)?) => {
@@ -1377,4 +1383,92 @@ pub fn log_matches_an_in_memory_model(factory: Factory<'_>) {
     if let Err(err) = result {
         panic!("{err}");
     }
+}
+
+/// An append fenced by a leadership term that is over fails with [`Error::Fenced`] naming the
+/// fence and the current term, and writes nothing, while unfenced appends committed at the same
+/// time succeed; the current term's fenced appends land.
+pub fn fenced_append_with_a_stale_fence_is_rejected_and_writes_nothing(factory: Factory<'_>) {
+    let mut fixture = factory();
+    let old = fixture.take_fence("contract-leader");
+    let log = fixture.log();
+    let first = log
+        .append_fenced(
+            AppendRequest::new("fenced", ExpectedRevision::NoStream, events(1)),
+            &old,
+        )
+        .expect("the current term's fenced append lands");
+    assert_eq!(
+        (first.first_position, first.last_revision),
+        (Position(1), 1)
+    );
+
+    let new = fixture.take_fence("contract-leader");
+    assert_eq!(new.name, old.name);
+    assert_ne!(new.token, old.token, "a new term has a new token");
+
+    // The deposed term tries again and again while other writers append unfenced, so that
+    // (on a group-committing backend) its appends share batches with theirs.
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let log = Arc::clone(&log);
+            thread::spawn(move || {
+                for _ in 0..10 {
+                    append(log.as_ref(), &format!("free-{w}"), ExpectedRevision::Any, 1)
+                        .expect("an unfenced append is not failed by a stale fence");
+                }
+            })
+        })
+        .collect();
+    let mut refused_ids = Vec::new();
+    for _ in 0..10 {
+        let request = AppendRequest::new("fenced", ExpectedRevision::Exact(1), events(2));
+        let ids = request.event_ids();
+        match log.append_fenced(request, &old) {
+            Err(Error::Fenced {
+                fence,
+                current,
+                not_written,
+            }) => {
+                assert_eq!(fence, old);
+                assert_eq!(current, Some(new.token), "the error names the current term");
+                assert_eq!(not_written, ids);
+            }
+            other => panic!("a stale fence must be refused, got {other:?}"),
+        }
+        refused_ids.extend(ids);
+    }
+    // Through the adapter the command path uses, too.
+    let stale = FencedLog::new(Arc::clone(&log), old.clone());
+    let request = AppendRequest::new("fenced", ExpectedRevision::Any, events(1));
+    refused_ids.extend(request.event_ids());
+    let err = stale
+        .append(request)
+        .expect_err("a stale FencedLog refuses appends");
+    assert!(
+        matches!(err, Error::Fenced { .. }) && err.to_string().contains("fenced"),
+        "{err}"
+    );
+    for writer in writers {
+        writer.join().expect("writer");
+    }
+
+    // Nothing of the deposed term is in the log; everything else is.
+    assert_eq!(log.stream_revision("fenced").expect("revision"), Some(1));
+    let all = log.read_all(Position(0), 1_000).expect("read all");
+    assert_eq!(all.len(), 1 + 4 * 10);
+    assert!(all.iter().all(|e| !refused_ids.contains(&e.id)));
+
+    // The current term writes; retrying its append with the same ids replays it.
+    let request = AppendRequest::new("fenced", ExpectedRevision::Exact(1), events(1));
+    let landed = log
+        .append_fenced(request.clone(), &new)
+        .expect("the new term's fenced append lands");
+    assert_eq!(landed.last_revision, 2);
+    let again = FencedLog::new(Arc::clone(&log), new.clone())
+        .append(request)
+        .expect("a retry replays");
+    assert!(again.replayed);
+    assert_eq!(again.first_position, landed.first_position);
+    log.verify(&|_, _, _| Ok(())).expect("the chain is intact");
 }

@@ -69,6 +69,23 @@ pub enum Error {
         not_written: Vec<Uuid>,
     },
 
+    /// A fenced append whose leadership term is over: another term holds `fence.name` now (or
+    /// nobody does). Nothing was written; the caller has been deposed and must stop acting.
+    #[error(
+        "fenced: leadership {} is no longer held by term {} (current term: {}); the append was not written",
+        .fence.name,
+        .fence.token,
+        show_term(*.current)
+    )]
+    Fenced {
+        /// The fence the append carried.
+        fence: crate::types::Fence,
+        /// The term holding the leadership when the append was refused (`None`: nobody).
+        current: Option<u64>,
+        /// The request's event ids, none of which were written.
+        not_written: Vec<Uuid>,
+    },
+
     /// A request exceeded one of [`crate::Limits`].
     #[error("{limit} is {max}, got {actual}")]
     LimitExceeded {
@@ -141,7 +158,8 @@ impl Error {
             Error::Conflict { not_written, .. }
             | Error::ClaimTaken { not_written, .. }
             | Error::PartiallyCommitted { not_written, .. }
-            | Error::EventIdReused { not_written, .. } => Some(not_written),
+            | Error::EventIdReused { not_written, .. }
+            | Error::Fenced { not_written, .. } => Some(not_written),
             _ => None,
         }
     }
@@ -151,5 +169,12 @@ fn show_revision(revision: Option<Revision>) -> String {
     match revision {
         Some(revision) => revision.to_string(),
         None => "no stream".to_owned(),
+    }
+}
+
+fn show_term(term: Option<u64>) -> String {
+    match term {
+        Some(term) => term.to_string(),
+        None => "none".to_owned(),
     }
 }

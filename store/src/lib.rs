@@ -75,9 +75,9 @@ pub mod types;
 pub mod contract;
 
 pub use error::{Error, Result};
-pub use log::{EventLog, PayloadValidator, Subscription, Visitor, check_request};
+pub use log::{EventLog, FencedLog, PayloadValidator, Subscription, Visitor, check_request};
 pub use sled_log::{Clock, CommitStats, SledLog, SledOptions};
 pub use types::{
-    AppendRequest, AppendResult, Claim, Direction, ExpectedRevision, Limits, Position,
+    AppendRequest, AppendResult, Claim, Direction, ExpectedRevision, Fence, Limits, Position,
     ProposedEvent, RecordedEvent, RecordedEventRef, Revision, Timestamp, VerifyReport,
 };

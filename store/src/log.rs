@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::types::{
-    AppendRequest, AppendResult, Claim, Direction, Limits, Position, RecordedEvent,
+    AppendRequest, AppendResult, Claim, Direction, Fence, Limits, Position, RecordedEvent,
     RecordedEventRef, Revision, Timestamp, VerifyReport,
 };
 
@@ -36,6 +36,19 @@ pub trait EventLog: Send + Sync {
     /// Idempotent by event id: if every event is already in the log exactly where this append
     /// would have put it, returns the original positions with `replayed: true` and writes nothing.
     fn append(&self, request: AppendRequest) -> Result<AppendResult>;
+
+    /// [`EventLog::append`], written only if `fence` still holds leadership when the append
+    /// commits, checked in the same atomic step as the write. A stale fence fails with
+    /// [`Error::Fenced`] and writes nothing; other appends committed alongside are not affected.
+    ///
+    /// The default refuses every fenced append: a backend that cannot check a fence atomically
+    /// must not pretend to.
+    fn append_fenced(&self, request: AppendRequest, fence: &Fence) -> Result<AppendResult> {
+        let _ = request;
+        Err(Error::InvalidRequest {
+            reason: format!("this log cannot check fence {fence}: fenced appends are refused"),
+        })
+    }
 
     /// Up to `max_count` events of `stream` (capped by [`Limits::read_events_max`]), starting at
     /// revision `from` (inclusive) and going in `direction`. `Backward` from `u64::MAX` starts at
@@ -136,6 +149,103 @@ impl Subscription {
             }
             self.log.wait_for(self.delivered.next(), left)?;
         }
+    }
+}
+
+/// A log whose every append is fenced by one leadership term: what a leader (the reconciler)
+/// writes through, so the command path above it needs no notion of fencing. Reads pass through.
+pub struct FencedLog {
+    inner: Arc<dyn EventLog>,
+    fence: Fence,
+}
+
+impl FencedLog {
+    /// Appends to `inner` go through [`EventLog::append_fenced`] with `fence`.
+    #[must_use]
+    pub fn new(inner: Arc<dyn EventLog>, fence: Fence) -> FencedLog {
+        FencedLog { inner, fence }
+    }
+
+    /// The fence every append carries.
+    #[must_use]
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+}
+
+impl std::fmt::Debug for FencedLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedLog")
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventLog for FencedLog {
+    fn append(&self, request: AppendRequest) -> Result<AppendResult> {
+        self.inner.append_fenced(request, &self.fence)
+    }
+
+    fn append_fenced(&self, request: AppendRequest, fence: &Fence) -> Result<AppendResult> {
+        if *fence != self.fence {
+            return Err(Error::InvalidRequest {
+                reason: format!(
+                    "an append fenced by {fence} through a log fenced by {}",
+                    self.fence
+                ),
+            });
+        }
+        self.inner.append_fenced(request, fence)
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from: Revision,
+        direction: Direction,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        self.inner.read_stream(stream, from, direction, max_count)
+    }
+
+    fn read_all(&self, after: Position, max_count: usize) -> Result<Vec<RecordedEvent>> {
+        self.inner.read_all(after, max_count)
+    }
+
+    fn scan(&self, after: Position, visit: Visitor<'_>) -> Result<Position> {
+        self.inner.scan(after, visit)
+    }
+
+    fn read_event(&self, position: Position) -> Result<Option<RecordedEvent>> {
+        self.inner.read_event(position)
+    }
+
+    fn position_at(&self, at: Timestamp) -> Result<Position> {
+        self.inner.position_at(at)
+    }
+
+    fn head(&self) -> Position {
+        self.inner.head()
+    }
+
+    fn wait_for(&self, position: Position, timeout: Duration) -> Result<Position> {
+        self.inner.wait_for(position, timeout)
+    }
+
+    fn stream_revision(&self, stream: &str) -> Result<Option<Revision>> {
+        self.inner.stream_revision(stream)
+    }
+
+    fn claim_holder(&self, key: &str) -> Result<Option<String>> {
+        self.inner.claim_holder(key)
+    }
+
+    fn verify(&self, validate_payload: PayloadValidator<'_>) -> Result<VerifyReport> {
+        self.inner.verify(validate_payload)
+    }
+
+    fn limits(&self) -> &Limits {
+        self.inner.limits()
     }
 }
 

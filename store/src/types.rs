@@ -204,6 +204,28 @@ impl AppendRequest {
     }
 }
 
+/// A leadership an append must still hold when it commits (fencing): the append is written only
+/// if leadership `name` is, at that moment and in the same atomic step, held by the term `token`
+/// names. A deposed leader's appends then fail with [`crate::Error::Fenced`] instead of landing.
+///
+/// Where leadership lives is the backend's business: on etcd `name` is a key under the log's
+/// namespace and `token` that key's create revision (a new term re-creates the key, so a stale
+/// token never matches again); the sled backend, one process per data directory, keeps the
+/// current term of each name in memory ([`crate::SledLog::take_fence`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Fence {
+    /// The leadership, e.g. `reconciler`.
+    pub name: String,
+    /// The term that must still hold it.
+    pub token: u64,
+}
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.name, self.token)
+    }
+}
+
 /// Where an append's events are in the log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AppendResult {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use vmplane_store::contract::Fixture;
-use vmplane_store::{EventLog, SledLog};
+use vmplane_store::{EventLog, Fence, SledLog};
 
 struct SledFixture {
     dir: tempfile::TempDir,
@@ -26,6 +26,10 @@ impl Fixture for SledFixture {
         let log = Arc::new(SledLog::open(self.dir.path()).expect("reopen"));
         self.log = Some(Arc::clone(&log));
         log
+    }
+
+    fn take_fence(&mut self, name: &str) -> Fence {
+        self.log.as_ref().expect("the log is open").take_fence(name)
     }
 }
 

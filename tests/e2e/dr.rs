@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
+use vmplane_gateway::pb::{self, watch_client::WatchClient};
 use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, ProposedEvent};
 use vmplane_tests::{Cli, Server, run_cli};
 
@@ -136,10 +137,12 @@ fn backup_restore_drill() {
     );
     let out = ok(&["verify", "--data", data.to_str().unwrap()]);
     assert!(out.starts_with(&format!("ok: {full_head} events")), "{out}");
-    // Restoring over a non-empty directory is refused.
+    // Restoring over an existing directory is refused, and touches nothing.
     let (code, _, err) = admin(&["restore", "--from", from, "--data", data.to_str().unwrap()]);
     assert_ne!(code, 0);
-    assert!(err.contains("not empty"), "{err}");
+    assert!(err.contains("already exists"), "{err}");
+    let out = ok(&["verify", "--data", data.to_str().unwrap()]);
+    assert!(out.starts_with(&format!("ok: {full_head} events")), "{out}");
 
     let server = Server::start(&data, &["--hypervisor", "none"]);
     let cli = Cli::new(&server);
@@ -171,7 +174,8 @@ fn backup_restore_drill() {
     ok(&["verify", "--data", pit.to_str().unwrap()]);
     let server = Server::start(&pit, &["--hypervisor", "none"]);
     let cli = Cli::new(&server);
-    assert_eq!(head_of(&cli, ns), p);
+    // The positions after P hold the restore's void events: a list is at the backup's head.
+    assert_eq!(head_of(&cli, ns), full_head);
     for (name, expected) in &at_p {
         let now = stable(json(&cli.ok(&["get", "vm", name, "-n", ns, "-o", "json"])));
         assert_eq!(&now, expected, "{name} at position {p}");
@@ -208,7 +212,10 @@ fn backup_restore_drill() {
     damage_payload(&pit);
     let (code, _, err) = admin(&["verify", "--data", pit.to_str().unwrap()]);
     assert_ne!(code, 0);
-    assert!(err.contains(&format!("position {}", p + 1)), "{err}");
+    assert!(
+        err.contains(&format!("position {}", full_head + 1)),
+        "{err}"
+    );
 }
 
 /// Appends an event whose payload does not decode as its type says.
@@ -256,4 +263,237 @@ fn backup_needs_the_admin_role() {
     ]);
     assert!(err.contains("permission denied"), "{err}");
     assert!(!out.exists());
+}
+
+/// Opens a watch of every namespace after `from`.
+async fn open_watch(
+    server: &Server,
+    from: u64,
+) -> Result<tonic::Streaming<pb::WatchEvent>, tonic::Status> {
+    WatchClient::new(crate::channel(server).await)
+        .watch(pb::WatchRequest {
+            kind: String::new(),
+            namespace: String::new(),
+            all_namespaces: true,
+            from_position: Some(from),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// The next event of `stream`, within 30 s.
+async fn next_event(stream: &mut tonic::Streaming<pb::WatchEvent>) -> pb::WatchEvent {
+    tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("the watch delivered nothing within 30 s")
+        .expect("watch stream")
+        .expect("the watch ended")
+}
+
+/// `admin verify`'s line without the restore marker (which names each restore's own epoch).
+fn verified(data: &Path) -> String {
+    let out = ok(&["verify", "--data", data.to_str().unwrap()]);
+    out.split(", restored (")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn a_point_in_time_restore_never_hands_out_a_position_a_watcher_saw() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let data = root.path().join("data");
+    let backup = root.path().join("first.backup");
+    let ns = "dr-watch";
+
+    let server = Server::start(&data, &["--hypervisor", "none"]);
+    let cli = Cli::new(&server);
+    apply(&cli, ns, &vm("w-a", "128Mi"));
+    apply(&cli, ns, &vm("w-b", "128Mi"));
+    let p = head_of(&cli, ns);
+    apply(&cli, ns, &vm("w-c", "128Mi"));
+    apply(&cli, ns, &vm("w-a", "256Mi"));
+    cli.ok(&["start", "w-b", "-n", ns]);
+    let l = head_of(&cli, ns);
+    assert!(l >= p + 3, "p {p}, l {l}");
+    // A client watches past P: it holds position x. (Each phase has its own runtime, dropped
+    // with its connections before the server is asked to stop.)
+    let x = crate::rt().block_on(async {
+        let mut stream = open_watch(&server, p).await.expect("watch");
+        next_event(&mut stream).await.position
+    });
+    assert!(x > p && x <= l, "p {p}, x {x}, l {l}");
+    Cli::new(&server).ok(&["admin", "backup", "--out", backup.to_str().unwrap()]);
+    server.terminate(Duration::from_secs(20));
+
+    // Restore as of P.
+    let pit = root.path().join("pit");
+    let at = p.to_string();
+    let from = backup.to_str().unwrap();
+    let out = ok(&[
+        "restore",
+        "--from",
+        from,
+        "--data",
+        pit.to_str().unwrap(),
+        "--to-position",
+        &at,
+    ]);
+    assert!(
+        out.contains(&format!("restored {p} of {l} events")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("positions {}..={l} voided", p + 1)),
+        "{out}"
+    );
+    let marker: Value =
+        serde_json::from_slice(&std::fs::read(pit.join("restore.json")).expect("marker"))
+            .expect("marker JSON");
+    let epoch = marker["epoch"].as_str().expect("epoch").to_owned();
+    assert_eq!(marker["cut_position"], p);
+    assert_eq!(marker["void_stream"], format!("system/restore/{epoch}"));
+    // The log is gapless and chained through the void events, and they decode.
+    assert!(
+        verified(&pit).starts_with(&format!("ok: {l} events, head position {l}")),
+        "{}",
+        verified(&pit)
+    );
+
+    let server = Server::start(&pit, &["--hypervisor", "none"]);
+    let cli = Cli::new(&server);
+    let rt = crate::rt();
+    assert_eq!(head_of(&cli, ns), l);
+    // Gone: every voided position, the watcher's included.
+    for gone in [p + 1, x, l] {
+        let err = rt
+            .block_on(open_watch(&server, gone))
+            .err()
+            .unwrap_or_else(|| panic!("a watch from voided position {gone} was accepted"));
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+        let message = err.message();
+        assert!(message.contains(&epoch), "{message}");
+        assert!(
+            message.contains(&format!("cut the log at position {p}")),
+            "{message}"
+        );
+        assert!(message.contains("re-list"), "{message}");
+    }
+    // A watcher at P continues, and the next position it sees is above everything the old
+    // server handed out.
+    let mut resumed = rt.block_on(open_watch(&server, p)).expect("a watch from P");
+    apply(&cli, ns, &vm("w-d", "128Mi"));
+    let next = rt.block_on(next_event(&mut resumed));
+    assert_eq!(next.position, l + 1, "{next:?}");
+    assert_eq!(next.name, "w-d");
+    assert_eq!(head_of(&cli, ns), l + 1);
+    // The state is the one at P plus the new write.
+    let (code, _, _) = cli.run(&["get", "vm", "w-c", "-n", ns]);
+    assert_ne!(code, 0, "w-c was created after position {p}");
+
+    drop(resumed);
+    drop(rt);
+
+    // The void events are ordinary events: a backup of the restored log carries them, and a
+    // restore of that backup reproduces the log exactly.
+    let second = root.path().join("second.backup");
+    Cli::new(&server).ok(&["admin", "backup", "--out", second.to_str().unwrap()]);
+    server.terminate(Duration::from_secs(20));
+    let again = root.path().join("again");
+    let out = ok(&[
+        "restore",
+        "--from",
+        second.to_str().unwrap(),
+        "--data",
+        again.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains(&format!("restored {0} of {0} events", l + 1)),
+        "{out}"
+    );
+    let (a, b) = (verified(&pit), verified(&again));
+    assert!(a.starts_with(&format!("ok: {} events", l + 1)), "{a}");
+    assert_eq!(
+        a, b,
+        "the second restore differs from the log it was backed up from"
+    );
+    let server = Server::start(&again, &["--hypervisor", "none"]);
+    let err = crate::rt()
+        .block_on(open_watch(&server, x))
+        .expect_err("still gone after a second restore");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    server.terminate(Duration::from_secs(20));
+}
+
+#[test]
+fn one_restore_at_a_time_per_data_directory_and_never_over_an_existing_one() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let backup = root.path().join("b.backup");
+    let server = Server::start(&root.path().join("data"), &["--hypervisor", "none"]);
+    apply(&Cli::new(&server), "dr-lock", &vm("l-a", "128Mi"));
+    Cli::new(&server).ok(&["admin", "backup", "--out", backup.to_str().unwrap()]);
+    server.terminate(Duration::from_secs(20));
+    let from = backup.to_str().unwrap();
+    let leftovers = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(root.path())
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp-") || n.contains("restore-lock"))
+            .collect();
+        names.sort();
+        names
+    };
+
+    // Another process is restoring into `target` (this one, through the same lock).
+    let target = root.path().join("target");
+    let lock = vmplane_gateway::dr::RestoreLock::acquire(&target).expect("lock");
+    // A staging directory as a crashed restore leaves it.
+    let stale = root
+        .path()
+        .join("target.tmp-0123456789abcdef0123456789abcdef");
+    std::fs::create_dir(&stale).expect("stale");
+    std::fs::write(stale.join("db"), b"half a log").expect("stale file");
+    let (code, _, err) = admin(&[
+        "restore",
+        "--from",
+        from,
+        "--data",
+        target.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("another restore into it is running"), "{err}");
+    assert!(
+        err.contains(&format!("process {}", std::process::id())),
+        "{err}"
+    );
+    assert!(!target.exists());
+    assert!(stale.exists(), "a refused restore touches nothing");
+    drop(lock);
+    assert_eq!(
+        leftovers(),
+        vec!["target.tmp-0123456789abcdef0123456789abcdef"]
+    );
+
+    // Once the lock is free, the restore runs, and clears the crashed one's staging directory.
+    let out = ok(&[
+        "restore",
+        "--from",
+        from,
+        "--data",
+        target.to_str().unwrap(),
+    ]);
+    assert!(out.contains("restored"), "{out}");
+    assert!(leftovers().is_empty(), "{:?}", leftovers());
+    ok(&["verify", "--data", target.to_str().unwrap()]);
+
+    // An existing directory, even an empty one, is refused and left as it was.
+    let empty = root.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let (code, _, err) = admin(&["restore", "--from", from, "--data", empty.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(std::fs::read_dir(&empty).expect("ls").count(), 0);
+    assert!(leftovers().is_empty(), "{:?}", leftovers());
 }

@@ -509,7 +509,7 @@ fn progress(
             }
             match (&vm.vm, vm.is_live()) {
                 (Some(v), true) => Captured {
-                    vm: v.clone(),
+                    vm: VirtualMachine::clone(v),
                     uid: vm.uid,
                     revision: vm.revision,
                     position: *position,

@@ -478,7 +478,11 @@ fn progress(
     // The plan: the VM to put, with its identity.
     let identity = restore_identity(snapshot, &spec, &ns, target.is_live(), input, ctx);
     let mut vm = if target.is_live() {
-        let mut vm = target.vm.clone().unwrap_or_else(|| snap_vm.clone());
+        let mut vm = target
+            .vm
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(|| snap_vm.clone());
         vm.spec = snap_vm.spec.clone();
         // An existing VM keeps its run strategy (KubeVirt); `running` becomes false.
         match target.vm.as_ref().map(|v| v.spec.running.is_some()) {

@@ -248,7 +248,7 @@ fn take(state: &SnapshotState, t: &TakeSnapshot, ctx: &mut Ctx) -> Result<Decisi
                     source_revision: src.revision,
                     source_generation: src.generation,
                     source_position: t.source_position,
-                    vm_json: serde_json::to_string(vm).unwrap_or_default(),
+                    vm_json: serde_json::to_string(&**vm).unwrap_or_default(),
                     instancetype: src.instancetype.as_ref().map(dataprotection::revision_of),
                     preference: src.preference.as_ref().map(dataprotection::revision_of),
                     firmware_uuid: src.firmware.as_ref().map(|f| f.uuid),

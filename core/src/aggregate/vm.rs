@@ -4,6 +4,8 @@
 //! `spec.template.spec.domain.firmware`), the captured instancetype/preference, and the VMI
 //! runs. Status is never stored: [`crate::lifecycle`] derives it from [`VmState`].
 
+use std::sync::Arc;
+
 use uuid::Uuid;
 
 use super::Emitter;
@@ -12,7 +14,7 @@ use crate::decision::{Claim, Decision, Outcome, streams};
 use crate::defaults;
 use crate::error::{Category, Cause, Causes, Rejection, codes};
 use crate::event::*;
-use crate::features::Features;
+use crate::features::{self, FeatureUse, Features};
 use crate::firmware::{FirmwareIdentity, claim_key, legacy_firmware_uuid};
 use crate::instancetype::{self, references};
 use crate::lifecycle::{self, DesiredAction, RunStrategy};
@@ -65,6 +67,8 @@ pub struct StartedSpec {
     /// The fully expanded VMI spec the run was launched with (instancetype, preference and
     /// defaults applied): what the hypervisor runs and `get vmi` shows.
     pub expanded: Option<VirtualMachine>,
+    /// The features the run requests (from `expanded`, else `template_spec`).
+    pub requested: Vec<FeatureUse>,
 }
 
 /// One VMI run of the VM.
@@ -88,8 +92,9 @@ pub struct VmiRun {
     pub launched_at_ms: i64,
     /// The VM generation it was launched from.
     pub vm_generation: u64,
-    /// The spec it was launched from.
-    pub started: StartedSpec,
+    /// The spec it was launched from (shared: it never changes during the run, and cloning a
+    /// state, as time travel does, must stay cheap).
+    pub started: Arc<StartedSpec>,
 }
 
 /// Lifecycle state of a VM.
@@ -132,8 +137,9 @@ pub struct VmState {
     pub name: String,
     /// How the current life began.
     pub origin: Option<CreateOrigin>,
-    /// The stored object (effective firmware identity included).
-    pub vm: Option<VirtualMachine>,
+    /// The stored object (effective firmware identity included). Shared: it changes only on
+    /// an edit, and cloning a state, as time travel does, must stay cheap.
+    pub vm: Option<Arc<VirtualMachine>>,
     /// The effective firmware identity.
     pub firmware: Option<FirmwareIdentity>,
     /// The captured instancetype.
@@ -144,6 +150,10 @@ pub struct VmState {
     pub run: RunState,
     /// Events whose embedded JSON could not be read (should stay 0; `verify` reports them).
     pub unreadable_events: u64,
+    /// What the next VMI would request (derived by [`evolve`] from `vm`, `instancetype` and
+    /// `preference` whenever one of them changes, so status rendering does not expand and
+    /// inspect the spec on every read).
+    pub requested: Arc<Vec<FeatureUse>>,
 }
 
 impl VmState {
@@ -159,7 +169,7 @@ impl VmState {
 
     /// The run strategy of the stored VM (`running: true|false` mapped to Always/Halted).
     pub fn run_strategy(&self) -> Option<RunStrategy> {
-        self.vm.as_ref().and_then(lifecycle::run_strategy_of)
+        self.vm.as_deref().and_then(lifecycle::run_strategy_of)
     }
 
     /// The current VMI if it has not ended.
@@ -169,7 +179,7 @@ impl VmState {
 
     /// The VM fully rendered with its captured instancetype and preference.
     pub fn expand(&self) -> Result<VirtualMachine, Rejection> {
-        let vm = self.vm.as_ref().ok_or_else(|| {
+        let vm = self.vm.as_deref().ok_or_else(|| {
             Rejection::not_found("", codes::NOT_FOUND, "VirtualMachine not found")
         })?;
         instancetype::expand(
@@ -331,6 +341,12 @@ pub fn decide(state: &VmState, command: &VmCommand, ctx: &mut Ctx) -> Result<Dec
 
 /// Folds one event into the state. Total: never fails, never judges.
 pub fn evolve(mut s: VmState, event: &Event) -> VmState {
+    evolve_in_place(&mut s, event);
+    s
+}
+
+/// [`evolve`] in place (what a long fold uses: the state is not moved per event).
+pub fn evolve_in_place(s: &mut VmState, event: &Event) {
     s.revision += 1;
     match event {
         Event::VmCreated(e) => {
@@ -340,7 +356,7 @@ pub fn evolve(mut s: VmState, event: &Event) -> VmState {
             s.namespace.clone_from(&e.namespace);
             s.name.clone_from(&e.name);
             s.origin = Some(e.origin);
-            s.vm = parse_json(&e.manifest_json, &mut s.unreadable_events);
+            s.vm = parse_json(&e.manifest_json, &mut s.unreadable_events).map(Arc::new);
             s.firmware = Some(FirmwareIdentity {
                 uuid: e.firmware_uuid,
                 serial: e.firmware_serial.clone(),
@@ -361,7 +377,7 @@ pub fn evolve(mut s: VmState, event: &Event) -> VmState {
                 if vm.spec.preference.is_none() {
                     s.preference = None;
                 }
-                s.vm = Some(vm);
+                s.vm = Some(Arc::new(vm));
             }
         }
         Event::FirmwareUuidAssigned(e) => {
@@ -385,7 +401,7 @@ pub fn evolve(mut s: VmState, event: &Event) -> VmState {
         Event::VmStartRequested(e) => {
             s.run.start_paused = e.paused;
             if let Some(rs) = &e.run_strategy_after {
-                set_run_strategy(&mut s, rs);
+                set_run_strategy(s, rs);
             } else {
                 s.run.start_requested = true;
             }
@@ -395,7 +411,7 @@ pub fn evolve(mut s: VmState, event: &Event) -> VmState {
             s.run.start_requested = false;
             s.run.restart_requested = false;
             if let Some(rs) = &e.run_strategy_after {
-                set_run_strategy(&mut s, rs);
+                set_run_strategy(s, rs);
             }
         }
         Event::VmRestartRequested(e) => {
@@ -413,7 +429,7 @@ pub fn evolve(mut s: VmState, event: &Event) -> VmState {
                 paused: e.paused,
                 launched_at_ms: e.at_ms,
                 vm_generation: e.vm_generation,
-                started: started_spec(&s),
+                started: Arc::new(started_spec(s)),
             });
             s.run.start_requested = false;
             s.run.start_paused = false;
@@ -472,9 +488,31 @@ pub fn evolve(mut s: VmState, event: &Event) -> VmState {
         | Event::RestoreFailed(_)
         | Event::CloneStarted(_)
         | Event::CloneSucceeded(_)
-        | Event::CloneFailed(_) => {}
+        | Event::CloneFailed(_)
+        | Event::LogPositionVoided(_) => {}
     }
-    s
+    if matches!(
+        event,
+        Event::VmCreated(_)
+            | Event::VmSpecEdited(_)
+            | Event::InstancetypeRevisionCaptured(_)
+            | Event::PreferenceRevisionCaptured(_)
+    ) {
+        s.requested = Arc::new(requested_of(s));
+    }
+}
+
+/// The features the VM's next VMI would request: its spec expanded with the captured
+/// instancetype and preference, or the stored spec if that cannot be expanded.
+fn requested_of(s: &VmState) -> Vec<FeatureUse> {
+    match s.expand() {
+        Ok(vm) => features::vm_features_requested(&vm),
+        Err(_) => {
+            s.vm.as_deref()
+                .map(features::vm_features_requested)
+                .unwrap_or_default()
+        }
+    }
 }
 
 /// Folds a whole stream.
@@ -508,16 +546,24 @@ fn captured<T: serde::de::DeserializeOwned>(
 }
 
 fn started_spec(s: &VmState) -> StartedSpec {
+    let template_spec = s.vm.as_ref().and_then(|v| v.vmi_spec().cloned());
+    let expanded = s.expand().ok();
+    let requested = match (&expanded, &template_spec) {
+        (Some(vm), _) => features::vm_features_requested(vm),
+        (None, Some(spec)) => features::features_requested(spec, "spec.template.spec"),
+        (None, None) => Vec::new(),
+    };
     StartedSpec {
-        template_spec: s.vm.as_ref().and_then(|v| v.vmi_spec().cloned()),
+        template_spec,
         instancetype: s.instancetype.as_ref().map(Captured::revision),
         preference: s.preference.as_ref().map(Captured::revision),
-        expanded: s.expand().ok(),
+        expanded,
+        requested,
     }
 }
 
 fn set_run_strategy(s: &mut VmState, rs: &str) {
-    if let Some(vm) = s.vm.as_mut() {
+    if let Some(vm) = s.vm.as_mut().map(Arc::make_mut) {
         if vm.spec.running.is_some() {
             vm.spec.running = Some(rs == "Always");
         } else {
@@ -686,7 +732,7 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
     if live {
         let before = state
             .vm
-            .as_ref()
+            .as_deref()
             .map(serde_json::to_value)
             .and_then(Result::ok);
         let after = serde_json::to_value(&vm).ok();

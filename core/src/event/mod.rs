@@ -68,6 +68,8 @@ pub type CloneStarted = payload::CloneStartedV1;
 pub type CloneSucceeded = payload::CloneSucceededV1;
 /// Current payload of `CloneFailed`.
 pub type CloneFailed = payload::CloneFailedV1;
+/// Current payload of `LogPositionVoided`.
+pub type LogPositionVoided = payload::LogPositionVoidedV1;
 
 /// Every fact vmplane records. The serde form (`{"type": "...", "data": {...}}`) is for
 /// watch/audit output; the log holds the rkyv form from [`encode`].
@@ -131,6 +133,9 @@ pub enum Event {
     CloneSucceeded(CloneSucceeded),
     /// A clone gave up.
     CloneFailed(CloneFailed),
+    /// A point-in-time restore voided a position of the backup it restored
+    /// (stream `system/restore/<epoch>`; no object's stream).
+    LogPositionVoided(LogPositionVoided),
 }
 
 impl Event {
@@ -165,6 +170,7 @@ impl Event {
             Event::CloneStarted(_) => "CloneStarted",
             Event::CloneSucceeded(_) => "CloneSucceeded",
             Event::CloneFailed(_) => "CloneFailed",
+            Event::LogPositionVoided(_) => "LogPositionVoided",
         }
     }
 
@@ -258,6 +264,15 @@ impl Event {
             ),
             Event::CloneSucceeded(e) => format!("clone created VM {}", e.target_uid),
             Event::CloneFailed(e) => format!("clone failed: {}", e.reason),
+            Event::LogPositionVoided(e) => format!(
+                "restore {} cut the log at position {}: position {} ({} {} on {}) voided",
+                e.restore_epoch,
+                e.cut_position,
+                e.voided_position,
+                e.original_event_type,
+                e.original_id,
+                e.original_stream
+            ),
         }
     }
 }

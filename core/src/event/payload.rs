@@ -379,3 +379,26 @@ payload! {
     /// `CloneFailed` v1 — the clone gave up (`reason`); final.
     CloneFailedV1 { reason: String, at_ms: i64 }
 }
+
+payload! {
+    /// `LogPositionVoided` v1 — a point-in-time restore (`vmplane admin restore --to-position` /
+    /// `--to-time`, epoch `restore_epoch`) cut the log after `cut_position`; the event that stood
+    /// at `voided_position` in the backup is not part of the restored history. One per cut
+    /// position, appended right after the kept events on the system stream
+    /// `system/restore/<epoch>`, so positions handed out after the restore stay above every
+    /// position a client could have seen. Records what was undone (the original event's id,
+    /// chain hash, stream, type, version, actor and time) so the audit trail keeps a
+    /// tamper-evident trace. Belongs to no object: read models skip it.
+    LogPositionVoidedV1 {
+        restore_epoch: Uuid,
+        cut_position: u64,
+        voided_position: u64,
+        original_id: Uuid,
+        original_hash: [u8; 32],
+        original_stream: String,
+        original_event_type: String,
+        original_schema_version: u16,
+        original_actor: String,
+        original_recorded_at_unix_nanos: i64,
+    }
+}

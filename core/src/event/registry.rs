@@ -38,6 +38,7 @@ pub const EVENT_TYPES: &[(&str, u16)] = &[
     ("CloneStarted", 1),
     ("CloneSucceeded", 1),
     ("CloneFailed", 1),
+    ("LogPositionVoided", 1),
 ];
 
 /// An event ready for the log.
@@ -123,6 +124,7 @@ pub fn encode(event: &Event) -> EncodedEvent {
         Event::CloneStarted(p) => to_bytes(&**p),
         Event::CloneSucceeded(p) => to_bytes(p),
         Event::CloneFailed(p) => to_bytes(p),
+        Event::LogPositionVoided(p) => to_bytes(p),
     };
     EncodedEvent {
         type_name: event.type_name(),
@@ -191,6 +193,7 @@ pub fn decode(type_name: &str, version: u16, bytes: &[u8]) -> Result<Event, Deco
         ("CloneStarted", 1) => Event::CloneStarted(Box::new(read(t, version, bytes)?)),
         ("CloneSucceeded", 1) => Event::CloneSucceeded(read(t, version, bytes)?),
         ("CloneFailed", 1) => Event::CloneFailed(read(t, version, bytes)?),
+        ("LogPositionVoided", 1) => Event::LogPositionVoided(read(t, version, bytes)?),
         _ => {
             return Err(DecodeError::UnknownType {
                 type_name: type_name.to_owned(),

@@ -118,6 +118,18 @@ fn samples() -> Vec<Event> {
         })),
         Event::CloneSucceeded(CloneSucceededV1 { target_uid: UID, target_generation: 1, at_ms: 13 }),
         Event::CloneFailed(CloneFailedV1 { reason: "VirtualMachine x already exists in namespace default".into(), at_ms: 14 }),
+        Event::LogPositionVoided(LogPositionVoidedV1 {
+            restore_epoch: FW,
+            cut_position: 41,
+            voided_position: 42,
+            original_id: UID,
+            original_hash: [0xa5; 32],
+            original_stream: "vm/default/testvm".into(),
+            original_event_type: "VmSpecEdited".into(),
+            original_schema_version: 1,
+            original_actor: "alice".into(),
+            original_recorded_at_unix_nanos: 1_700_000_000_000_000_015,
+        }),
     ]
 }
 

@@ -421,7 +421,7 @@ fn row_08_snapshot_records_uuid_and_serial() {
     assert!(!t.online && !t.imported);
     // The stored VM at that revision, effective identity included.
     let vm = s.vm().unwrap();
-    assert_eq!(vm, before.vm.clone().unwrap());
+    assert_eq!(vm, *before.vm.clone().unwrap());
     assert_eq!(vm.firmware().unwrap().uuid, Some(uuid.to_string()));
     // KubeVirt's status shape.
     let st = status_of(snapshot::render_snapshot(&s));
@@ -446,7 +446,7 @@ fn row_08_snapshot_records_uuid_and_serial() {
     let mut edited = small_vm("larry", "Halted");
     edited.vmi_spec_mut().domain.memory_mut().guest = Some("1Gi".parse().unwrap());
     w.vm_cmd("larry", apply_cmd(edited)).unwrap();
-    assert_eq!(w.snapshot("snap-larry").vm().unwrap(), before.vm.unwrap());
+    assert_eq!(w.snapshot("snap-larry").vm().unwrap(), *before.vm.unwrap());
     // The whole object renders with the status.
     let m = snapshot::render(&w.snapshot("snap-larry")).unwrap();
     assert_eq!(m.to_value()["status"]["phase"], "Succeeded");

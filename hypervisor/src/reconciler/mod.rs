@@ -296,12 +296,23 @@ impl Reconciler {
         nodes: Nodes,
         options: ReconcilerOptions,
     ) -> Result<ReconcilerHandle, HypervisorError> {
-        let reconciler = Reconciler::new(control_plane, nodes, options);
-        reconciler.into_thread()
+        Reconciler::spawn_woken_by(control_plane, nodes, options, WakeHandle::default())
     }
 
-    fn into_thread(mut self) -> Result<ReconcilerHandle, HypervisorError> {
-        let wake = WakeHandle::default();
+    /// [`Reconciler::spawn`] woken by `wake`, a handle that outlives this reconciler: a server
+    /// that runs a reconciler only while it leads hands its API one handle for all of them.
+    pub fn spawn_woken_by(
+        control_plane: Arc<dyn ControlPlane>,
+        nodes: Nodes,
+        options: ReconcilerOptions,
+        wake: WakeHandle,
+    ) -> Result<ReconcilerHandle, HypervisorError> {
+        let reconciler = Reconciler::new(control_plane, nodes, options);
+        reconciler.into_thread(wake)
+    }
+
+    fn into_thread(mut self, wake: WakeHandle) -> Result<ReconcilerHandle, HypervisorError> {
+        let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Stats::default());
         let mut threads = Vec::new();
         for node in self.nodes.iter() {
@@ -313,6 +324,7 @@ impl Reconciler {
                 }
             };
             let wake = wake.clone();
+            let stop = Arc::clone(&stop);
             let thread = std::thread::Builder::new()
                 .name(format!("vmplane-reconciler-events-{}", node.name))
                 .spawn(move || {
@@ -322,7 +334,7 @@ impl Reconciler {
                             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                         }
-                        if wake.is_stopped() {
+                        if stop.load(Ordering::SeqCst) {
                             break;
                         }
                     }
@@ -331,12 +343,13 @@ impl Reconciler {
             threads.push(thread);
         }
         let loop_wake = wake.clone();
+        let loop_stop = Arc::clone(&stop);
         let loop_stats = Arc::clone(&stats);
         let calls = Arc::clone(&self.calls);
         let main = std::thread::Builder::new()
             .name("vmplane-reconciler".into())
             .spawn(move || {
-                while !loop_wake.is_stopped() {
+                while !loop_stop.load(Ordering::SeqCst) {
                     let report = self.run_once();
                     loop_stats.record(&report);
                     let now = self.control_plane.now_ms();
@@ -351,6 +364,7 @@ impl Reconciler {
         threads.push(main);
         Ok(ReconcilerHandle {
             wake,
+            stop,
             stats,
             calls,
             threads,
@@ -378,14 +392,11 @@ pub struct WakeHandle {
 struct WakeInner {
     woken: Mutex<bool>,
     condvar: Condvar,
-    stopped: AtomicBool,
 }
 
 impl fmt::Debug for WakeHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WakeHandle")
-            .field("stopped", &self.is_stopped())
-            .finish()
+        f.debug_struct("WakeHandle").finish_non_exhaustive()
     }
 }
 
@@ -395,15 +406,6 @@ impl WakeHandle {
         let mut woken = self.inner.woken.lock().unwrap_or_else(|p| p.into_inner());
         *woken = true;
         self.inner.condvar.notify_all();
-    }
-
-    fn stop(&self) {
-        self.inner.stopped.store(true, Ordering::SeqCst);
-        self.wake();
-    }
-
-    fn is_stopped(&self) -> bool {
-        self.inner.stopped.load(Ordering::SeqCst)
     }
 
     /// Waits for a wake-up or `timeout`, whichever comes first, and consumes the wake-up.
@@ -439,6 +441,7 @@ impl Stats {
 /// progress, which may wait on a slow libvirt call) and joins it.
 pub struct ReconcilerHandle {
     wake: WakeHandle,
+    stop: Arc<AtomicBool>,
     stats: Arc<Stats>,
     calls: Arc<Calls>,
     threads: Vec<JoinHandle<()>>,
@@ -493,7 +496,8 @@ impl ReconcilerHandle {
     }
 
     fn shut_down(&mut self) {
-        self.wake.stop();
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake.wake();
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
                 tracing::error!("a reconciler thread panicked");

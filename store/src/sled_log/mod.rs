@@ -13,6 +13,7 @@
 //!   panic becomes [`Error::Damaged`], and every stored byte is validated when read.
 
 mod commit;
+pub mod import;
 mod keys;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -22,7 +23,7 @@ use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -32,11 +33,12 @@ use crate::error::{Error, Result};
 use crate::hash::{GENESIS_PREV_HASH, event_hash};
 use crate::log::{EventLog, PayloadValidator, Visitor};
 use crate::types::{
-    AppendRequest, AppendResult, Direction, Limits, Position, RecordedEvent, RecordedEventRef,
-    Revision, Timestamp, VerifyReport,
+    AppendRequest, AppendResult, Direction, Fence, Limits, Position, RecordedEvent,
+    RecordedEventRef, Revision, Timestamp, VerifyReport,
 };
 
 use commit::{BlobSync, Queue};
+pub use import::{ImportOptions, ImportReport, Importer};
 use keys::IdLocation;
 
 /// sled's segment size for vmplane's trees. Values larger than a quarter of a segment go to
@@ -116,6 +118,9 @@ pub struct SledLog {
     head_recorded: Mutex<Instant>,
     commits: AtomicU64,
     committed_events: AtomicU64,
+    /// The current term of each leadership ([`SledLog::take_fence`]). A fenced append holds the
+    /// read lock across its commit, so a new term cannot begin in the middle of one.
+    fences: RwLock<HashMap<String, u64>>,
 }
 
 /// Counters of the group commit since open.
@@ -237,6 +242,7 @@ impl SledLog {
             head_recorded: Mutex::new(Instant::now()),
             commits: AtomicU64::new(0),
             committed_events: AtomicU64::new(0),
+            fences: RwLock::new(HashMap::new()),
         };
         guarded("loading the log", || log.initialize_or_load())?;
         guarded("checking the recorded head", || log.check_head_record())?;
@@ -755,9 +761,39 @@ impl Drop for SledLog {
     }
 }
 
+impl SledLog {
+    /// Begins a new term of leadership `name` in this process and returns its fence; appends
+    /// fenced by an earlier term of `name` fail with [`Error::Fenced`] from now on. One process
+    /// holds a sled log (sled locks its directory), so its leader is whoever asks here.
+    pub fn take_fence(&self, name: &str) -> Fence {
+        let mut fences = self.fences.write().unwrap_or_else(PoisonError::into_inner);
+        let token = fences.get(name).map_or(1, |term| term + 1);
+        fences.insert(name.to_owned(), token);
+        Fence {
+            name: name.to_owned(),
+            token,
+        }
+    }
+}
+
 impl EventLog for SledLog {
     fn append(&self, request: AppendRequest) -> Result<AppendResult> {
         self.append_grouped(request)
+    }
+
+    fn append_fenced(&self, request: AppendRequest, fence: &Fence) -> Result<AppendResult> {
+        let fences = self.fences.read().unwrap_or_else(PoisonError::into_inner);
+        let current = fences.get(&fence.name).copied();
+        if current != Some(fence.token) {
+            return Err(Error::Fenced {
+                fence: fence.clone(),
+                current,
+                not_written: request.event_ids(),
+            });
+        }
+        let result = self.append_grouped(request);
+        drop(fences);
+        result
     }
 
     fn read_stream(

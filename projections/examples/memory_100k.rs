@@ -1,0 +1,223 @@
+//! Resident memory of the projections after loading 100,000 VMs (issue 5's memory target:
+//! ≤ 300 MiB), measured in a process of its own.
+//!
+//! ```sh
+//! cargo run --release -p vmplane-projections --example memory_100k [-- VMS]
+//! ```
+//!
+//! Phase 1 (this process) creates a log in a temporary directory and applies `VMS` (default
+//! 100,000) VirtualMachines through the real command path, from several threads: manifests
+//! shaped like `examples/vm.yaml` (CPU, memory, a disk, an interface, a network, a container
+//! disk), each with its own name and labels; the command path defaults them, assigns firmware
+//! UUIDs and appends durably, as the server does. Phase 2 runs this binary again as a child
+//! (`measure DIR`): it opens the log and reads it through once (so the store's own page cache
+//! holds it, as it does in a running server), reads `VmRSS` from `/proc/self/status` (the
+//! baseline), then opens the projections the way `vmplane serve` does (`Projections::open`
+//! with the default options, no checkpoint yet, so the whole log is replayed and a checkpoint
+//! written, and a `CommandHandler` over the same state cache) and settles the feature index
+//! (every VM's state folded through the bounded state cache): the resident memory above the
+//! baseline is then the figure. It also lists every VM with its status (a response of 100,000
+//! rendered objects, held only while it is built) and reports the memory with that list held
+//! and after it is dropped.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use vmplane_core::types::{Kind, parse_manifest};
+use vmplane_projections::{Command, CommandHandler, CommandMeta, ProjectionOptions, Projections};
+use vmplane_store::{EventLog, SledLog};
+
+const WRITERS: u64 = 16;
+
+fn manifest(i: u64) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: vm-{i}
+  namespace: team-{ns}
+  labels:
+    app: demo-{i}
+spec:
+  runStrategy: Manual
+  template:
+    metadata:
+      labels:
+        app: demo-{i}
+    spec:
+      domain:
+        cpu:
+          cores: 1
+        memory:
+          guest: 256Mi
+        devices:
+          disks:
+            - name: rootdisk
+              disk:
+                bus: virtio
+          interfaces:
+            - name: default
+              masquerade: {{}}
+      networks:
+        - name: default
+          pod: {{}}
+      terminationGracePeriodSeconds: 5
+      volumes:
+        - name: rootdisk
+          containerDisk:
+            image: quay.io/containerdisks/fedora:latest
+"#,
+        ns = i % 100
+    )
+}
+
+/// `VmRSS` of this process, in KiB.
+fn rss_kib() -> Result<u64, String> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| format!("/proc/self/status: {e}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| "/proc/self/status has no VmRSS".to_owned())
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn fill(dir: &Path, vms: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.join("log"))?);
+    let projections = Projections::open(
+        Arc::clone(&log),
+        dir,
+        ProjectionOptions {
+            checkpoint_every_events: 0,
+            ..ProjectionOptions::default()
+        },
+    )?;
+    let commands = Arc::new(CommandHandler::new(
+        Arc::clone(&log),
+        Arc::clone(projections.cache()),
+        Default::default(),
+    ));
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|_| {
+            let commands = Arc::clone(&commands);
+            let next = Arc::clone(&next);
+            std::thread::spawn(move || -> Result<(), String> {
+                let meta = CommandMeta {
+                    actor: "alice".into(),
+                    ..CommandMeta::default()
+                };
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= vms {
+                        return Ok(());
+                    }
+                    let m = parse_manifest(manifest(i).as_bytes())
+                        .map_err(|e| format!("manifest {i}: {e}"))?;
+                    commands
+                        .execute(&meta, Command::apply(m))
+                        .map_err(|e| format!("apply vm-{i}: {e}"))?;
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().map_err(|_| "a writer panicked")??;
+    }
+    println!(
+        "filled: {vms} VMs applied through the command path in {:.1} s ({} events)",
+        started.elapsed().as_secs_f64(),
+        log.head().0
+    );
+    Ok(())
+}
+
+fn measure(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let at_start = rss_kib()?;
+    let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.join("log"))?);
+    let mut events = 0u64;
+    log.scan(vmplane_store::Position(0), &mut |_| {
+        events += 1;
+        std::ops::ControlFlow::Continue(())
+    })?;
+    let baseline = rss_kib()?;
+    let started = Instant::now();
+    // As `vmplane serve` opens them (gateway/src/server.rs `open_projections`).
+    let projections = Projections::open(Arc::clone(&log), dir, ProjectionOptions::default())?;
+    let _commands = CommandHandler::new(
+        Arc::clone(&log),
+        Arc::clone(projections.cache()),
+        Default::default(),
+    );
+    let opened_in = started.elapsed();
+    let opened = rss_kib()?;
+    let usage = projections.feature_usage()?;
+    let settled = rss_kib()?;
+    let list = projections.list(Kind::VirtualMachine, None, None)?;
+    let listed = rss_kib()?;
+    let items = list.items.len();
+    let stopped = list
+        .items
+        .iter()
+        .filter(|v| v.object["status"]["printableStatus"] == "Stopped")
+        .count();
+    drop(list);
+    let after_list = rss_kib()?;
+    println!(
+        "process start {:.1} MiB; log opened and read through ({events} events): {:.1} MiB (the baseline)",
+        mib(at_start),
+        mib(baseline)
+    );
+    println!(
+        "projections opened (replay of {} events, {:.0} ms): {:.1} MiB above the baseline",
+        projections.position().0,
+        opened_in.as_secs_f64() * 1e3,
+        mib(opened.saturating_sub(baseline))
+    );
+    println!(
+        "feature index settled ({} features in use, {} cached streams): {:.1} MiB above the baseline",
+        usage.len(),
+        projections.cache().streams(),
+        mib(settled.saturating_sub(baseline))
+    );
+    println!(
+        "with a list of all {items} VMs with status held ({stopped} Stopped): {:.1} MiB above the baseline; after dropping it: {:.1} MiB",
+        mib(listed.saturating_sub(baseline)),
+        mib(after_list.saturating_sub(baseline))
+    );
+    println!(
+        "memory_100k_vms: {:.1} MiB resident above the baseline after loading {items} VMs (target ≤ 300 MiB); VmRSS {:.1} MiB",
+        mib(settled.saturating_sub(baseline)),
+        mib(settled)
+    );
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("measure") {
+        let dir = args.get(2).ok_or("measure DIR")?;
+        return measure(Path::new(dir));
+    }
+    let vms: u64 = match args.get(1) {
+        Some(n) => n.parse().map_err(|e| format!("VMS {n:?}: {e}"))?,
+        None => 100_000,
+    };
+    let dir = tempfile::tempdir()?;
+    fill(dir.path(), vms)?;
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .arg("measure")
+        .arg(dir.path())
+        .status()?;
+    if !status.success() {
+        return Err(format!("the measuring process failed: {status}").into());
+    }
+    Ok(())
+}

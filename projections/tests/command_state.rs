@@ -1,0 +1,165 @@
+//! The state the command path hands back after a write (what the gateway answers `apply` with)
+//! is exactly what a read at the write's position gives, and the state it leaves in the cache
+//! is what the next command on the stream decides on.
+
+mod common;
+
+use common::{env, meta, put, testdata, vm};
+use vmplane_core::types::{Kind, parse_manifest};
+use vmplane_core::{Outcome, VmCommand};
+use vmplane_projections::{At, Command, Projections};
+
+/// Runs `command` through `execute_with_state` and checks the returned state, rendered, against
+/// an ordinary read at the write's position (folded from the log through the stream index).
+fn write_and_compare(env: &common::Env, kind: Kind, ns: &str, name: &str, command: Command) {
+    let (done, after) = env
+        .commands
+        .execute_with_state(&meta("alice"), command)
+        .expect("command");
+    let Some(after) = after else {
+        assert!(
+            done.append.is_none(),
+            "an append that wrote events hands back its state"
+        );
+        return;
+    };
+    assert_eq!(after.position, done.position);
+    assert_eq!(after.state.revision(), done.revision);
+    assert_eq!(after.state.generation(), done.generation);
+    let written = env
+        .projections
+        .render_written(&after, kind, ns, name)
+        .expect("render the written state");
+    // A fresh fold from the log, not the cache the command path just filled.
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let fresh = Projections::open(
+        std::sync::Arc::clone(&env.log),
+        scratch.path(),
+        common::options(),
+    )
+    .expect("open a second reader");
+    let read = fresh
+        .get_at(kind, ns, name, At::Position(done.position))
+        .expect("read at the write's position");
+    assert_eq!(
+        written.as_ref().map(|v| &v.object),
+        read.as_ref().map(|v| &v.object),
+        "{kind:?} {ns}/{name} at {}",
+        done.position
+    );
+}
+
+#[test]
+fn the_state_a_write_hands_back_renders_as_a_read_at_its_position() {
+    let env = env();
+    let vm_cmd = |name: &str, command: VmCommand| Command::Vm {
+        namespace: "team-a".into(),
+        name: name.into(),
+        command,
+    };
+    for i in 0..3 {
+        let name = format!("vm-{i}");
+        let created = vm("team-a", &name, "128Mi");
+        write_and_compare(
+            &env,
+            Kind::VirtualMachine,
+            "team-a",
+            &name,
+            vm_cmd(&name, VmCommand::Apply(put(created))),
+        );
+        write_and_compare(
+            &env,
+            Kind::VirtualMachine,
+            "team-a",
+            &name,
+            vm_cmd(&name, VmCommand::Apply(put(vm("team-a", &name, "256Mi")))),
+        );
+        write_and_compare(
+            &env,
+            Kind::VirtualMachine,
+            "team-a",
+            &name,
+            vm_cmd(&name, VmCommand::Start { paused: false }),
+        );
+    }
+    // A cluster feature change between writes: the answer renders with the config in force.
+    let kubevirt = parse_manifest(
+        b"apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: kubevirt, namespace: kubevirt}\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [Snapshot]\n",
+    )
+    .expect("kubevirt manifest");
+    env.run("admin", Command::apply(kubevirt));
+    write_and_compare(
+        &env,
+        Kind::VirtualMachine,
+        "team-a",
+        "vm-0",
+        vm_cmd("vm-0", VmCommand::Apply(put(vm("team-a", "vm-0", "512Mi")))),
+    );
+    // An unchanged apply appends nothing and hands back no state.
+    let (unchanged, none) = env
+        .commands
+        .execute_with_state(
+            &meta("alice"),
+            vm_cmd("vm-1", VmCommand::Apply(put(vm("team-a", "vm-1", "256Mi")))),
+        )
+        .expect("apply");
+    assert_eq!(unchanged.outcome, Outcome::Unchanged);
+    assert!(none.is_none());
+    // A real KubeVirt manifest, then a delete.
+    write_and_compare(
+        &env,
+        Kind::VirtualMachine,
+        "default",
+        "vm-cirros",
+        Command::apply(testdata("examples/vm-cirros.yaml")),
+    );
+    write_and_compare(
+        &env,
+        Kind::VirtualMachine,
+        "team-a",
+        "vm-2",
+        vm_cmd(
+            "vm-2",
+            VmCommand::Delete {
+                expected_generation: None,
+            },
+        ),
+    );
+}
+
+#[test]
+fn the_next_command_decides_on_the_state_the_write_left_in_the_cache() {
+    let env = env();
+    let name = "demo";
+    let cmd = |command: VmCommand| Command::Vm {
+        namespace: "team-a".into(),
+        name: name.into(),
+        command,
+    };
+    env.run(
+        "alice",
+        cmd(VmCommand::Apply(put(vm("team-a", name, "128Mi")))),
+    );
+    for memory in ["256Mi", "512Mi", "256Mi", "1Gi"] {
+        let done = env.run(
+            "alice",
+            cmd(VmCommand::Apply(put(vm("team-a", name, memory)))),
+        );
+        assert_eq!(done.outcome, Outcome::Configured, "memory {memory}");
+    }
+    // The same spec again is unchanged: the cached state is the last write's.
+    let again = env.run(
+        "alice",
+        cmd(VmCommand::Apply(put(vm("team-a", name, "1Gi")))),
+    );
+    assert_eq!(again.outcome, Outcome::Unchanged);
+    assert_eq!(again.generation, 5);
+    // And it is what a fold from the log after a restart decides on too.
+    let env = env.restart();
+    let after_restart = env.run(
+        "alice",
+        cmd(VmCommand::Apply(put(vm("team-a", name, "1Gi")))),
+    );
+    assert_eq!(after_restart.outcome, Outcome::Unchanged);
+    assert_eq!(after_restart.generation, 5);
+}
