@@ -25,7 +25,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("vmplane-rt")
         .build()
         .context("start the async runtime")?;
-    runtime.block_on(serve(args, shutdown_signal()))
+    runtime.block_on(async {
+        // Installed before anything is served: a SIGTERM right after the ready line must reach
+        // the clean shutdown, not the default action (a handler installed lazily, when a task
+        // first polls it, leaves that window open).
+        let shutdown = shutdown_signal()?;
+        serve(args, shutdown).await
+    })
 }
 
 fn init_tracing() {
@@ -322,18 +328,15 @@ fn start_reconciler(
     Ok(Some((supervisor, wake)))
 }
 
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now; the future completes on either signal.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(err) => {
-            tracing::error!(%err, "cannot install the SIGTERM handler");
-            return std::future::pending().await;
+    let mut term = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-    }
+    })
 }
