@@ -153,6 +153,24 @@ fn backup_restore_drill() {
     apply(&cli, ns, &vm("dr-f", "128Mi"));
     assert_eq!(head_of(&cli, ns), full_head + 1);
     server.terminate(Duration::from_secs(20));
+    // The instants `--to-time` is given below: when P and P+1 were recorded (the restored log
+    // keeps the original times).
+    let (time_p, time_next) = {
+        let log = vmplane_store::SledLog::open(&data).expect("open the restored log");
+        let at = |position: u64| {
+            log.read_event(vmplane_store::Position(position))
+                .expect("read")
+                .expect("an event")
+                .recorded_at
+                .0
+        };
+        (at(p), at(p + 1))
+    };
+    assert!(time_next > time_p, "P and P+1 share an instant");
+    let rfc3339 = |ns: i64| {
+        chrono::DateTime::from_timestamp_nanos(ns)
+            .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+    };
 
     // Point-in-time restore at P: exactly the state at P.
     let pit = root.path().join("pit");
@@ -183,6 +201,50 @@ fn backup_restore_drill() {
     let (code, _, _) = cli.run(&["get", "vm", "dr-e", "-n", ns]);
     assert_ne!(code, 0, "dr-e was created after position {p}");
     server.terminate(Duration::from_secs(20));
+
+    // Point-in-time restore to an instant: the last event recorded at or before it is kept —
+    // at P's own instant, and just before P+1's, the cut is P and the state is the state at P.
+    for (i, instant) in [time_p, time_next - 1].into_iter().enumerate() {
+        let target = root.path().join(format!("pit-time-{i}"));
+        let when = rfc3339(instant);
+        let out = ok(&[
+            "restore",
+            "--from",
+            from,
+            "--data",
+            target.to_str().unwrap(),
+            "--to-time",
+            &when,
+        ]);
+        assert!(
+            out.contains(&format!("cut at position {p}")),
+            "--to-time {when}: {out}"
+        );
+        ok(&["verify", "--data", target.to_str().unwrap()]);
+        if i == 0 {
+            let server = Server::start(&target, &["--hypervisor", "none"]);
+            let cli = Cli::new(&server);
+            for (name, expected) in &at_p {
+                let now = stable(json(&cli.ok(&["get", "vm", name, "-n", ns, "-o", "json"])));
+                assert_eq!(&now, expected, "{name} restored to {when}");
+            }
+            server.terminate(Duration::from_secs(20));
+        }
+    }
+    // An instant that is not RFC 3339 is refused naming the flag, and nothing is created.
+    let never = root.path().join("never");
+    let (code, _, err) = admin(&[
+        "restore",
+        "--from",
+        from,
+        "--data",
+        never.to_str().unwrap(),
+        "--to-time",
+        "yesterday",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--to-time"), "{err}");
+    assert!(!never.exists());
 
     // A tampered backup is refused and leaves nothing behind.
     let mut bytes = std::fs::read(&backup).expect("read backup");
