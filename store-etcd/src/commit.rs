@@ -765,7 +765,11 @@ impl Committer {
             .collect();
         let committed = locations.iter().filter(|l| l.is_some()).count();
         if committed == request.events.len() {
-            return replay_or_reuse(request, &locations);
+            let at: Vec<_> = locations.iter().map(|l| l.map(IdLocation::at)).collect();
+            return match vmplane_store::log::replay_or_reuse(request, &at) {
+                Ok(replayed) => Decision::Replay(replayed),
+                Err(err) => Decision::Reject(err),
+            };
         }
         if committed > 0 {
             let (done, not_done): (Vec<_>, Vec<_>) = request
@@ -1068,40 +1072,4 @@ impl Decision {
             }),
         }
     }
-}
-
-/// Every id is committed: a retry of this very append (same stream, consecutive, where the
-/// expectation puts it) replays; anything else is reuse of ids. The same rule as the sled backend.
-fn replay_or_reuse(request: &AppendRequest, locations: &[Option<&IdLocation>]) -> Decision {
-    let Some(Some(first)) = locations.first() else {
-        return Decision::Reject(Error::InvalidRequest {
-            reason: "an append needs events".into(),
-        });
-    };
-    let starts_right = request
-        .expected
-        .first_revision()
-        .is_none_or(|r| r == first.revision);
-    for (offset, (event, location)) in request.events.iter().zip(locations).enumerate() {
-        let Some(location) = location else { continue };
-        let in_place = location.stream == request.stream
-            && location.position == first.position + offset as u64
-            && location.revision == first.revision + offset as u64;
-        if !(in_place && starts_right) {
-            return Decision::Reject(Error::EventIdReused {
-                stream: request.stream.clone(),
-                id: event.id,
-                position: Position(location.position),
-                not_written: request.event_ids(),
-            });
-        }
-    }
-    let count = request.events.len() as u64;
-    Decision::Replay(AppendResult {
-        first_position: Position(first.position),
-        last_position: Position(first.position + count - 1),
-        first_revision: first.revision,
-        last_revision: first.revision + count - 1,
-        replayed: true,
-    })
 }

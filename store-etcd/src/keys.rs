@@ -210,6 +210,15 @@ pub(crate) struct IdLocation {
 }
 
 impl IdLocation {
+    /// This entry as the backend-neutral [`vmplane_store::log::IdAt`].
+    pub(crate) fn at(&self) -> vmplane_store::log::IdAt<'_> {
+        vmplane_store::log::IdAt {
+            stream: &self.stream,
+            position: self.position,
+            revision: self.revision,
+        }
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         format!(
             "{:020}:{:020}:{}",

@@ -336,6 +336,58 @@ fn check_limit(limit: &'static str, max: usize, actual: usize) -> Result<()> {
     Ok(())
 }
 
+/// Where an event id already stands in the log: a backend's id-index entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdAt<'a> {
+    /// The stream the event is in.
+    pub stream: &'a str,
+    /// Its global position.
+    pub position: u64,
+    /// Its stream revision.
+    pub revision: Revision,
+}
+
+/// The decision for an append all of whose event ids are already in the log (`locations[i]` is
+/// where event `i` stands): a retry of this very append — same stream, consecutive positions and
+/// revisions, where its expectation puts it — is answered with the original positions
+/// (`replayed: true`); anything else is a reuse of ids. Every backend decides it this way.
+pub fn replay_or_reuse(
+    request: &AppendRequest,
+    locations: &[Option<IdAt<'_>>],
+) -> Result<AppendResult> {
+    let Some(Some(first)) = locations.first() else {
+        return Err(Error::InvalidRequest {
+            reason: "an append needs events".into(),
+        });
+    };
+    let starts_right = request
+        .expected
+        .first_revision()
+        .is_none_or(|r| r == first.revision);
+    for (offset, (event, location)) in request.events.iter().zip(locations).enumerate() {
+        let Some(location) = location else { continue };
+        let in_place = location.stream == request.stream
+            && location.position == first.position + offset as u64
+            && location.revision == first.revision + offset as u64;
+        if !(in_place && starts_right) {
+            return Err(Error::EventIdReused {
+                stream: request.stream.clone(),
+                id: event.id,
+                position: Position(location.position),
+                not_written: request.event_ids(),
+            });
+        }
+    }
+    let count = request.events.len() as u64;
+    Ok(AppendResult {
+        first_position: Position(first.position),
+        last_position: Position(first.position + count - 1),
+        first_revision: first.revision,
+        last_revision: first.revision + count - 1,
+        replayed: true,
+    })
+}
+
 /// Claim changes decided for one append: `(key, Some(owner))` taken, `(key, None)` freed.
 pub type ClaimChanges = Vec<(String, Option<String>)>;
 

@@ -330,7 +330,14 @@ impl SledLog {
             .filter(|location| location.is_some())
             .count();
         if committed == request.events.len() {
-            return replay_or_reuse(request, &locations);
+            let at: Vec<_> = locations
+                .iter()
+                .map(|l| l.as_ref().map(IdLocation::at))
+                .collect();
+            return match crate::log::replay_or_reuse(request, &at) {
+                Ok(replayed) => Decision::Replay(replayed),
+                Err(err) => Decision::Reject(err),
+            };
         }
         if committed > 0 {
             let (done, not_done): (Vec<_>, Vec<_>) = request
@@ -606,43 +613,6 @@ impl Decision {
             }),
         }
     }
-}
-
-/// Every id is committed: a retry of this very append (same stream, consecutive, where the
-/// expectation puts it) replays; anything else is reuse of ids.
-fn replay_or_reuse(request: &AppendRequest, locations: &[Option<IdLocation>]) -> Decision {
-    let first = locations.first().and_then(Option::as_ref);
-    let Some(first) = first else {
-        return Decision::Reject(Error::InvalidRequest {
-            reason: "an append needs events".into(),
-        });
-    };
-    let starts_right = request
-        .expected
-        .first_revision()
-        .is_none_or(|r| r == first.revision);
-    for (offset, (event, location)) in request.events.iter().zip(locations).enumerate() {
-        let Some(location) = location else { continue };
-        let in_place = location.stream == request.stream
-            && location.position == first.position + offset as u64
-            && location.revision == first.revision + offset as u64;
-        if !(in_place && starts_right) {
-            return Decision::Reject(Error::EventIdReused {
-                stream: request.stream.clone(),
-                id: event.id,
-                position: Position(location.position),
-                not_written: request.event_ids(),
-            });
-        }
-    }
-    let count = request.events.len() as u64;
-    Decision::Replay(AppendResult {
-        first_position: Position(first.position),
-        last_position: Position(first.position + count - 1),
-        first_revision: first.revision,
-        last_revision: first.revision + count - 1,
-        replayed: true,
-    })
 }
 
 /// The error a `return` fail point injects (see `store/tests/failpoints.rs`).

@@ -66,6 +66,17 @@ pub(super) struct IdLocation {
     pub stream: String,
 }
 
+impl IdLocation {
+    /// This entry as the backend-neutral [`crate::log::IdAt`].
+    pub(super) fn at(&self) -> crate::log::IdAt<'_> {
+        crate::log::IdAt {
+            stream: &self.stream,
+            position: self.position,
+            revision: self.revision,
+        }
+    }
+}
+
 pub(super) fn id_value(location: &IdLocation) -> Vec<u8> {
     let mut value = Vec::with_capacity(16 + location.stream.len());
     value.extend_from_slice(&location.position.to_be_bytes());
