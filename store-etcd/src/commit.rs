@@ -41,6 +41,8 @@ use vmplane_store::{
     AppendRequest, AppendResult, Error, Fence, Position, RecordedEventRef, Result,
 };
 use vmplane_store::{Revision, Timestamp};
+// How one request was decided: the same outcomes on every backend.
+use vmplane_store::log::AppendDecision as Decision;
 
 use crate::codec;
 use crate::etcd::{Etcd, Failure, TXN_OPS_MAX, gets};
@@ -62,18 +64,6 @@ pub(crate) struct Pending {
     pub fence: Option<Fence>,
     pub arrived: Instant,
     pub reply: oneshot::Sender<Result<AppendResult>>,
-}
-
-/// How the committer decided one request.
-enum Decision {
-    Reject(Error),
-    Replay(AppendResult),
-    Accept {
-        first_revision: Revision,
-        first_position: u64,
-        count: u64,
-        claims: Vec<(String, Option<String>)>,
-    },
 }
 
 /// The effects of the requests accepted so far in a group, on top of the caches.
@@ -1050,26 +1040,5 @@ impl Overlay {
             self.claims.insert(key.clone(), owner.clone());
         }
         self.next_position = first_position + count;
-    }
-}
-
-impl Decision {
-    fn into_result(self) -> Result<AppendResult> {
-        match self {
-            Decision::Reject(err) => Err(err),
-            Decision::Replay(result) => Ok(result),
-            Decision::Accept {
-                first_revision,
-                first_position,
-                count,
-                ..
-            } => Ok(AppendResult {
-                first_position: Position(first_position),
-                last_position: Position(first_position + count - 1),
-                first_revision,
-                last_revision: first_revision + count - 1,
-                replayed: false,
-            }),
-        }
     }
 }

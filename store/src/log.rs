@@ -336,6 +336,49 @@ fn check_limit(limit: &'static str, max: usize, actual: usize) -> Result<()> {
     Ok(())
 }
 
+/// How a backend's committer decided one append within a group: the same three outcomes on
+/// every backend.
+#[derive(Debug)]
+pub enum AppendDecision {
+    /// Refused; nothing of it is written.
+    Reject(Error),
+    /// Every event was already in the log: answered with the original positions.
+    Replay(AppendResult),
+    /// Written at these positions and revisions, with these claim changes.
+    Accept {
+        /// The stream revision of the first event.
+        first_revision: Revision,
+        /// The position of the first event.
+        first_position: u64,
+        /// How many events.
+        count: u64,
+        /// The claims taken (`Some(owner)`) or freed (`None`).
+        claims: ClaimChanges,
+    },
+}
+
+impl AppendDecision {
+    /// What the appender is answered once the group is durable.
+    pub fn into_result(self) -> Result<AppendResult> {
+        match self {
+            AppendDecision::Reject(err) => Err(err),
+            AppendDecision::Replay(result) => Ok(result),
+            AppendDecision::Accept {
+                first_revision,
+                first_position,
+                count,
+                ..
+            } => Ok(AppendResult {
+                first_position: Position(first_position),
+                last_position: Position(first_position + count - 1),
+                first_revision,
+                last_revision: first_revision + count - 1,
+                replayed: false,
+            }),
+        }
+    }
+}
+
 /// Where an event id already stands in the log: a backend's id-index entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdAt<'a> {

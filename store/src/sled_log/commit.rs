@@ -28,6 +28,8 @@ use crate::batch::{BatchWriter, StoredEvent};
 use crate::error::{Error, Result};
 use crate::hash::event_hash;
 use crate::log::{check_request, decide_claims};
+// How one request was decided: the same outcomes on every backend.
+use crate::log::AppendDecision as Decision;
 use crate::types::{AppendRequest, AppendResult, Position, RecordedEventRef, Revision, Timestamp};
 
 /// Appends waiting for a leader, and whether one is at work. Invariant: when no leader is
@@ -87,18 +89,6 @@ impl Slot {
             }
         }
     }
-}
-
-/// How the leader decided one request.
-enum Decision {
-    Reject(Error),
-    Replay(AppendResult),
-    Accept {
-        first_revision: Revision,
-        first_position: u64,
-        count: u64,
-        claims: Vec<(String, Option<String>)>,
-    },
 }
 
 /// The effects of the requests accepted so far in this group, on top of `State`.
@@ -591,27 +581,6 @@ impl Overlay {
             self.claims.insert(key.clone(), owner.clone());
         }
         self.next_position = first_position + count;
-    }
-}
-
-impl Decision {
-    fn into_result(self) -> Result<AppendResult> {
-        match self {
-            Decision::Reject(err) => Err(err),
-            Decision::Replay(result) => Ok(result),
-            Decision::Accept {
-                first_revision,
-                first_position,
-                count,
-                ..
-            } => Ok(AppendResult {
-                first_position: Position(first_position),
-                last_position: Position(first_position + count - 1),
-                first_revision,
-                last_revision: first_revision + count - 1,
-                replayed: false,
-            }),
-        }
     }
 }
 
