@@ -197,10 +197,6 @@ impl StateCache {
     /// Keeps `snapshot` as `stream`'s state at its revision (the command path hands over the
     /// state it just wrote, folded from the log's own records of the write).
     pub fn put(&self, stream: &str, kind: Kind, snapshot: Arc<Snapshot>) {
-        self.inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .tick += 1;
         self.insert(stream, kind, Vec::new(), snapshot);
     }
 

@@ -471,8 +471,6 @@ impl CommandHandler {
         }
     }
 
-    /// A retried request whose events are already in the log (found through the store's
-    /// idempotency by event id): report where they are.
     /// `before` (the state a decision was made on) with the events `append` wrote folded in,
     /// read back from the log by position — the same fold a later read does, without finding
     /// the stream's events through its index. Cached for the next command on the stream.
@@ -515,6 +513,8 @@ impl CommandHandler {
         Some(after)
     }
 
+    /// A retried request whose events are already in the log (found through the store's
+    /// idempotency by event id): report where they are.
     fn replayed(
         &self,
         stream: &str,
