@@ -301,6 +301,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PREFIX", default_value = "vmplane")]
     pub etcd_prefix: String,
 
+    /// With `--backend etcd`: the most operations one transaction may hold, which must not
+    /// exceed any etcd member's `--max-txn-ops` (etcd's default, 128, is this flag's default
+    /// and its least value). Raise both together to let one commit carry more appends: it
+    /// pays only when more than ~60 one-event appends wait at once.
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u64).range(128..=65536))]
+    pub etcd_max_txn_ops: u64,
+
     /// With `--backend etcd`: TTL of the lease the reconciler's leader holds. When the leader
     /// stops renewing it (crash, pause, partition), another server takes over after at most
     /// this long.

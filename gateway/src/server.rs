@@ -234,10 +234,12 @@ async fn open_log(
             Ok((log.clone(), Leadership::Sled(log)))
         }
         Backend::Etcd => {
-            let options = vmplane_store_etcd::EtcdOptions::new(
+            let mut options = vmplane_store_etcd::EtcdOptions::new(
                 args.etcd_endpoints.clone(),
                 args.etcd_prefix.clone(),
             );
+            options.txn_ops_max = usize::try_from(args.etcd_max_txn_ops)
+                .context("--etcd-max-txn-ops does not fit this machine's word")?;
             let shown = args.etcd_endpoints.join(",");
             let log =
                 tokio::task::spawn_blocking(move || vmplane_store_etcd::EtcdLog::open(options))

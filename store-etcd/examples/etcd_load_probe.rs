@@ -1,14 +1,20 @@
-//! Load probe: append throughput of `EtcdLog` with 1, 16 and 64 writers on a real 3-member
+//! Load probe: append throughput of `EtcdLog` with 1, 16, 64 and 256 writers on a real 3-member
 //! cluster, beside raw etcd puts of the same size and concurrency in the same run (the baseline:
-//! what etcd itself does per request on this machine).
+//! what etcd itself does per request on this machine), then raw group transactions of the
+//! former and the current layout's shape (the ceiling of the committer). The headline is the
+//! first section: etcd's default `--max-txn-ops` 128. A second section starts another cluster
+//! with a raised `--max-txn-ops` (and tells the log through `EtcdOptions::txn_ops_max`), clearly
+//! labelled: not the default deployment.
 //!
 //! ```text
 //! cargo run --release -p vmplane-store-etcd --features harness --example etcd_load_probe
 //! VMPLANE_PROBE_SECS=5 VMPLANE_PROBE_PAYLOAD_BYTES=256 ... (defaults: 3 s per run, 256 bytes)
+//! VMPLANE_PROBE_DEPTHS=1,2 VMPLANE_PROBE_WRITERS=1,16,64,256 (the defaults)
+//! VMPLANE_PROBE_RAISED_TXN_OPS=1024 (the default; 0 skips the second section)
 //! ```
 //!
-//! Starts its own cluster on free loopback ports (scripts/install-etcd.sh installs etcd) and
-//! stops it at the end.
+//! Starts its own clusters on free loopback ports (scripts/install-etcd.sh installs etcd) and
+//! stops them at the end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,14 +105,25 @@ fn raw_puts(endpoints: &[String], writers: usize, payload: usize, run: Duration)
     })
 }
 
-/// Raw etcd transactions shaped like one full group of 1-event appends (`events` × (log put of
-/// `payload` + 150 bytes, id put, stream entry put, stream head put) + head + time index), with or
-/// without the per-event id compares: the ceiling of the group committer on this machine.
+/// The shape of a raw group transaction.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// The former layout: per event a log put, an id put, a stream entry put and (optionally)
+    /// an id compare.
+    PerEvent { compares: bool },
+    /// Today's layout: one put holding every event's body, per event an id put and a stream
+    /// entry put, no per-event compare.
+    Batch,
+}
+
+/// Raw etcd transactions shaped like one full group of `events` 1-event appends (event bodies
+/// of `payload` + 150 bytes) plus head and time index: the ceiling of the group committer on
+/// this machine, for the layout `shape`.
 fn raw_group_txns(
     endpoints: &[String],
     events: usize,
     payload: usize,
-    compares: bool,
+    shape: Shape,
     in_flight: usize,
     run: Duration,
 ) -> Figures {
@@ -133,21 +150,30 @@ fn raw_group_txns(
                     while started.elapsed() < run {
                         let mut ops = Vec::new();
                         let mut checks = Vec::new();
+                        if let Shape::Batch = shape {
+                            ops.push(TxnOp::put(
+                                format!("{prefix}/log/{:020}", n + events as u64),
+                                vec![7u8; events * (payload + 154)],
+                                None,
+                            ));
+                        }
                         for _ in 0..events {
                             n += 1;
                             let id = Uuid::now_v7();
-                            ops.push(TxnOp::put(
-                                format!("{prefix}/log/{n:020}"),
-                                vec![7u8; payload + 150],
-                                None,
-                            ));
+                            if let Shape::PerEvent { .. } = shape {
+                                ops.push(TxnOp::put(
+                                    format!("{prefix}/log/{n:020}"),
+                                    vec![7u8; payload + 150],
+                                    None,
+                                ));
+                            }
                             ops.push(TxnOp::put(format!("{prefix}/id/{id}"), vec![1u8; 60], None));
                             ops.push(TxnOp::put(
                                 format!("{prefix}/stream/{id}/1"),
                                 vec![1u8; 25],
                                 None,
                             ));
-                            if compares {
+                            if let Shape::PerEvent { compares: true } = shape {
                                 checks.push(Compare::create_revision(
                                     format!("{prefix}/id/{id}"),
                                     CompareOp::Equal,
@@ -232,6 +258,54 @@ fn print(what: &str, writers: usize, f: &Figures) {
     );
 }
 
+/// Each log's appends with `writers` writers beside raw puts with as many, in this run.
+fn compare(
+    endpoints: &[String],
+    logs: &[(String, Arc<EtcdLog>)],
+    writers: usize,
+    payload: usize,
+    run: Duration,
+) {
+    let raw = raw_puts(endpoints, writers, payload, run);
+    print("raw etcd put", writers, &raw);
+    for (label, log) in logs {
+        let before = log.commit_stats();
+        let f = appends(log, writers, payload, run);
+        print(label, writers, &f);
+        let after = log.commit_stats();
+        let commits = (after.commits - before.commits).max(1);
+        println!(
+            "{:<36} {:.2}x raw puts; {:.1} events per transaction, {:.2} ms per transaction, {} guard failures, {} overtaken and resent",
+            "",
+            f.per_second / raw.per_second.max(1e-9),
+            (after.events - before.events) as f64 / commits as f64,
+            (after.commit_micros - before.commit_micros) as f64 / commits as f64 / 1e3,
+            after.guard_failures - before.guard_failures,
+            after.resent - before.resent
+        );
+    }
+}
+
+fn list(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.split(',').filter_map(|d| d.parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+fn verify(logs: &[(String, Arc<EtcdLog>)]) {
+    for (label, log) in logs {
+        let verified = log
+            .verify(&|_, _, _| Ok(()))
+            .expect("the probe's log verifies");
+        println!(
+            "verified ({}): {} events, positions gapless, chain intact",
+            label.trim(),
+            verified.events
+        );
+    }
+}
+
 fn main() {
     let run = Duration::from_secs(env_u64("VMPLANE_PROBE_SECS", 3));
     let payload = env_u64("VMPLANE_PROBE_PAYLOAD_BYTES", 256) as usize;
@@ -249,63 +323,84 @@ fn main() {
         run.as_secs(),
         thread::available_parallelism().map_or(0, |n| n.get())
     );
+    println!("== etcd's default --max-txn-ops 128 (the deployment default) ==");
     // The same log code with 1 (no pipelining) and 2 commit transactions in flight, each on its
     // own namespace, beside raw puts: every ratio is within this run.
-    let depths: Vec<usize> = std::env::var("VMPLANE_PROBE_DEPTHS")
-        .ok()
-        .map(|v| v.split(',').filter_map(|d| d.parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 2]);
-    let logs: Vec<(usize, Arc<EtcdLog>)> = depths
-        .iter()
-        .map(|&depth| {
+    let logs: Vec<(String, Arc<EtcdLog>)> = list("VMPLANE_PROBE_DEPTHS", &[1, 2])
+        .into_iter()
+        .map(|depth| {
             let mut options = cluster.options(&format!("probe-depth-{depth}"));
             options.pipeline_depth = depth;
-            (depth, Arc::new(EtcdLog::open(options).expect("open")))
+            (
+                format!("EtcdLog depth {depth}"),
+                Arc::new(EtcdLog::open(options).expect("open")),
+            )
         })
         .collect();
-    for writers in [1, 16, 64] {
-        let raw = raw_puts(&endpoints, writers, payload, run);
-        print("raw etcd put", writers, &raw);
-        for (depth, log) in &logs {
-            let before = log.commit_stats();
-            let f = appends(log, writers, payload, run);
-            print(&format!("EtcdLog depth {depth}"), writers, &f);
-            let after = log.commit_stats();
-            let commits = (after.commits - before.commits).max(1);
-            println!(
-                "{:<36} {:.2}x raw puts; {:.1} events per transaction, {:.2} ms per transaction, {} guard failures",
-                "",
-                f.per_second / raw.per_second.max(1e-9),
-                (after.events - before.events) as f64 / commits as f64,
-                (after.commit_micros - before.commit_micros) as f64 / commits as f64 / 1e3,
-                after.guard_failures - before.guard_failures
-            );
-        }
+    let writer_counts = list("VMPLANE_PROBE_WRITERS", &[1, 16, 64, 256]);
+    for &writers in &writer_counts {
+        compare(&endpoints, &logs, writers, payload, run);
     }
-    for (compares, in_flight) in [(false, 1), (true, 1), (true, 4)] {
-        let f = raw_group_txns(&endpoints, 42, payload, compares, in_flight, run);
-        print(
-            if compares {
-                "raw group txn +cmp"
-            } else {
-                "raw group txn"
-            },
-            in_flight,
-            &f,
-        );
+    // The former layout's shape (42 events × 3 puts + compares), then today's (62 events × 2
+    // puts + one batch put: what fits etcd's default 128 operations), 1 and 2 in flight.
+    let shapes = [
+        ("raw old txn", 42, Shape::PerEvent { compares: false }, 1),
+        (
+            "raw old txn +cmp",
+            42,
+            Shape::PerEvent { compares: true },
+            1,
+        ),
+        (
+            "raw old txn +cmp",
+            42,
+            Shape::PerEvent { compares: true },
+            4,
+        ),
+        ("raw batch txn", 62, Shape::Batch, 1),
+        ("raw batch txn", 62, Shape::Batch, 2),
+    ];
+    for (what, events, shape, in_flight) in shapes {
+        let f = raw_group_txns(&endpoints, events, payload, shape, in_flight, run);
+        print(what, in_flight, &f);
+        let layout = match shape {
+            Shape::PerEvent { compares: true } => "× 3 puts + 1 compare",
+            Shape::PerEvent { compares: false } => "× 3 puts",
+            Shape::Batch => "× 2 puts + 1 batch put",
+        };
         println!(
-            "{:<36} = {:.0} events/s in transactions of 42 events × 3 puts",
+            "{:<36} = {:.0} events/s in transactions of {events} events {layout} ({what}, {in_flight} in flight)",
             "",
-            f.per_second * 42.0
+            f.per_second * events as f64
         );
     }
-    for (depth, log) in &logs {
-        let verified = log
-            .verify(&|_, _, _| Ok(()))
-            .expect("the probe's log verifies");
-        println!(
-            "verified (depth {depth}): {} events, positions gapless, chain intact",
-            verified.events
-        );
+    verify(&logs);
+    drop(logs);
+    drop(cluster);
+    // A second cluster whose members run with a raised --max-txn-ops, and a log told so: NOT
+    // the default deployment (the servers' flag and the log's option must be raised together).
+    let raised = env_u64("VMPLANE_PROBE_RAISED_TXN_OPS", 1024) as usize;
+    if raised == 0 {
+        return;
     }
+    let limit = raised.to_string();
+    let cluster = match EtcdCluster::start_with_flags(3, &["--max-txn-ops", &limit]) {
+        Ok(cluster) => cluster,
+        Err(err) => {
+            eprintln!("etcd_load_probe: {err}");
+            std::process::exit(1);
+        }
+    };
+    println!("== etcd started with --max-txn-ops {raised}, EtcdOptions::txn_ops_max {raised} ==");
+    let endpoints = cluster.endpoints();
+    let mut options = cluster.options("probe-raised");
+    options.txn_ops_max = raised;
+    let logs = vec![(
+        format!("EtcdLog ops {raised}"),
+        Arc::new(EtcdLog::open(options).expect("open")),
+    )];
+    for &writers in writer_counts.iter().filter(|&&w| w >= 64) {
+        compare(&endpoints, &logs, writers, payload, run);
+    }
+    verify(&logs);
 }

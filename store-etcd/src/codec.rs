@@ -1,6 +1,18 @@
-//! The stored form of one event at `log/<pos>`: a flat, length-prefixed, big-endian encoding of
-//! the envelope. Decoding checks every length, the UTF-8 of every string and that the bytes end
-//! where the event does; damage is an [`Error::Corrupt`] naming the position, never a panic.
+//! The stored form of one committed transaction's events at `log/<last pos>` (a *batch*), and of
+//! each event in it: flat, length-prefixed, big-endian encodings of the envelopes. Decoding
+//! checks every length, the UTF-8 of every string, that positions are consecutive and end at
+//! the key's position, and that the bytes end where the batch does; damage is an
+//! [`Error::Corrupt`] naming the position, never a panic.
+//!
+//! A batch:
+//!
+//! ```text
+//! "vmb1"                         magic
+//! count                          u32 BE (at least 1)
+//! count × (u32 BE length, event) the events in position order
+//! ```
+//!
+//! An event:
 //!
 //! ```text
 //! "vme1"                         magic
@@ -18,10 +30,94 @@ use uuid::Uuid;
 use vmplane_store::{Error, Position, RecordedEvent, RecordedEventRef, Result, Timestamp};
 
 const MAGIC: &[u8; 4] = b"vme1";
+const BATCH_MAGIC: &[u8; 4] = b"vmb1";
+/// Bytes before a batch's first event: magic, count, the first event's length.
+const BATCH_HEADER_BYTES: usize = 12;
 
-/// Encodes `event` for its `log/` key.
+/// A batch being built: events are appended in position order.
+pub(crate) struct BatchWriter {
+    out: Vec<u8>,
+    count: u32,
+}
+
+impl BatchWriter {
+    pub(crate) fn new() -> BatchWriter {
+        let mut out = Vec::with_capacity(4096);
+        out.extend_from_slice(BATCH_MAGIC);
+        out.extend_from_slice(&0u32.to_be_bytes());
+        BatchWriter { out, count: 0 }
+    }
+
+    /// Appends `event` (the next position).
+    pub(crate) fn push(&mut self, event: &RecordedEventRef<'_>) {
+        let at = self.out.len();
+        self.out.extend_from_slice(&0u32.to_be_bytes());
+        encode_into(event, &mut self.out);
+        // A batch stays below etcd's 1.5 MiB request limit, far below 4 GiB.
+        let len = u32::try_from(self.out.len() - at - 4).unwrap_or(u32::MAX);
+        self.out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        self.count += 1;
+    }
+
+    /// The batch's bytes, for its `log/<last pos>` key.
+    pub(crate) fn finish(mut self) -> Vec<u8> {
+        self.out[4..8].copy_from_slice(&self.count.to_be_bytes());
+        self.out
+    }
+}
+
+/// Decodes the batch stored at `log/<last_position>`: its events, in position order, ending at
+/// `last_position`.
+pub(crate) fn decode_batch(last_position: u64, bytes: &[u8]) -> Result<Vec<RecordedEvent>> {
+    let corrupt = |reason: String| Error::Corrupt {
+        position: Position(last_position),
+        reason: format!("the stored batch ending here does not decode: {reason}"),
+    };
+    let mut reader = Reader { bytes };
+    if reader.take(4).ok_or_else(|| corrupt("truncated".into()))? != BATCH_MAGIC {
+        return Err(corrupt("wrong magic".into()));
+    }
+    let count = u64::from(u32::from_be_bytes(
+        reader.array().ok_or_else(|| corrupt("truncated".into()))?,
+    ));
+    if count == 0 || count > last_position {
+        return Err(corrupt(format!("it claims {count} events")));
+    }
+    let first = last_position - count + 1;
+    // Each event takes at least its length word and magic: a bogus count allocates nothing big.
+    let mut events = Vec::with_capacity((count as usize).min(bytes.len() / 8));
+    for position in first..=last_position {
+        let chunk = reader
+            .chunk()
+            .ok_or_else(|| corrupt(format!("truncated before the event at {position}")))?;
+        events.push(decode(position, chunk)?);
+    }
+    if !reader.bytes.is_empty() {
+        return Err(corrupt("trailing bytes".into()));
+    }
+    Ok(events)
+}
+
+/// The id of the first event of the batch stored in `bytes`, if they hold one (cheap: no full
+/// decode).
+pub(crate) fn batch_first_id(bytes: &[u8]) -> Option<Uuid> {
+    if bytes.get(..4)? != BATCH_MAGIC {
+        return None;
+    }
+    stored_id(bytes.get(BATCH_HEADER_BYTES..)?)
+}
+
+/// Encodes one event (test helper; batches use [`BatchWriter`]).
+#[cfg(test)]
 pub(crate) fn encode(event: &RecordedEventRef<'_>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
+    let mut out = Vec::new();
+    encode_into(event, &mut out);
+    out
+}
+
+/// Appends the encoding of `event` to `out`.
+fn encode_into(event: &RecordedEventRef<'_>, out: &mut Vec<u8>) {
+    out.reserve(
         200 + event.stream.len() + event.actor.len() + event.event_type.len() + event.payload.len(),
     );
     out.extend_from_slice(MAGIC);
@@ -51,11 +147,10 @@ pub(crate) fn encode(event: &RecordedEventRef<'_>) -> Vec<u8> {
         out.extend_from_slice(&len.to_be_bytes());
         out.extend_from_slice(bytes);
     }
-    out
 }
 
-/// Decodes the event stored at `position`.
-pub(crate) fn decode(position: u64, bytes: &[u8]) -> Result<RecordedEvent> {
+/// Decodes the event at `position` (one event of a batch).
+fn decode(position: u64, bytes: &[u8]) -> Result<RecordedEvent> {
     let corrupt = |reason: &str| Error::Corrupt {
         position: Position(position),
         reason: format!("the stored event does not decode: {reason}"),
@@ -108,8 +203,8 @@ pub(crate) fn decode(position: u64, bytes: &[u8]) -> Result<RecordedEvent> {
     })
 }
 
-/// The id of the event stored in `bytes`, if they hold one (cheap: no full decode).
-pub(crate) fn stored_id(bytes: &[u8]) -> Option<Uuid> {
+/// The id of the event encoded in `bytes`, if they hold one (cheap: no full decode).
+fn stored_id(bytes: &[u8]) -> Option<Uuid> {
     if bytes.get(..4)? != MAGIC {
         return None;
     }
@@ -195,5 +290,39 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(decode(5, &longer).is_err());
+    }
+
+    #[test]
+    fn batches_round_trip_and_damage_is_named() {
+        let mut events = vec![sample()];
+        let mut second = sample();
+        second.position = Position(6);
+        second.prev_hash = events[0].hash;
+        second.hash = vmplane_store::hash::event_hash(&second.as_ref());
+        events.push(second);
+        let mut writer = BatchWriter::new();
+        for event in &events {
+            writer.push(&event.as_ref());
+        }
+        let bytes = writer.finish();
+        assert_eq!(decode_batch(6, &bytes).unwrap(), events);
+        assert_eq!(batch_first_id(&bytes), Some(events[0].id));
+        assert!(
+            decode_batch(7, &bytes).is_err(),
+            "the key names another last position"
+        );
+        for cut in [0, 3, 9, 20, bytes.len() - 1] {
+            assert!(matches!(
+                decode_batch(6, &bytes[..cut]),
+                Err(Error::Corrupt { .. })
+            ));
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode_batch(6, &longer).is_err());
+        let mut huge = bytes.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode_batch(6, &huge).is_err());
+        assert!(decode_batch(u64::MAX, &huge).is_err());
     }
 }

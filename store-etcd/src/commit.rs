@@ -2,27 +2,36 @@
 //! transaction per group (group commit), guarded by the global head key.
 //!
 //! Appenders queue their requests and sleep. The committer takes the first request and every
-//! other one already waiting, as long as the group fits one transaction (at most 128 entries in
-//! each of its compare, success and failure lists and about 1.2 MB in all; etcd refuses 129 and
-//! 1.5 MiB). It then:
+//! other one already waiting, as long as the group fits one transaction (at most
+//! `txn_ops_max` entries, by default etcd's 128, in each of its compare, success and failure
+//! lists and about 1.2 MB in all; etcd refuses more than its `--max-txn-ops` and 1.5 MiB). etcd's cost is per operation in a transaction (each put costs about as much as
+//! a kilobyte-sized batch of bodies), so a transaction has as few operations as possible: one
+//! put for all the group's event bodies, one per event id, one per append's stream entry, the
+//! claims, the time index and the head; one compare (two when fenced). It then:
 //!
-//! 1. makes sure its caches (stream heads, claim holders) cover the group. The caches are valid
-//!    *at the head it knows*: a missing key is read in one transaction together with the head,
-//!    and if the head moved (another server committed) every cache is dropped and re-read;
+//! 1. makes sure its caches (stream heads, claim holders, and whether each event id of the
+//!    group is committed) cover the group. The caches are valid *at the head it knows*: a
+//!    missing key is read in one transaction together with the head, and if the head moved
+//!    (another server committed) every cache is dropped and re-read;
 //! 2. decides each request in order against the caches plus the effects of the requests before
 //!    it (a rejected request fails alone), exactly as the sled backend does;
-//! 3. sends one `Txn`: **if** `head == <known head>` and no event id of the group exists yet,
-//!    **then** put every event at `log/<pos>`, its id, its stream entry, the stream heads, the
-//!    claim changes, the time index and the new head (and, for a fenced group, **if** the
-//!    leader key's create revision is the fence's token); **else** get the head,
-//!    `log/<first pos>` (and the leader key). If neither a moved head, nor our own earlier
-//!    attempt, nor a stale fence explains the failure, an id of the group exists: the ids are
-//!    read in a separate round trip (rare; it keeps every commit's request small);
-//! 4. on success updates its caches and publishes the head; on failure learns the committed ids
-//!    (a retry after a timeout: decided as a replay next time), or that another server wrote
-//!    (caches dropped), and tries again. A request whose outcome stayed unknown (the transaction
-//!    timed out) is resent *identically*: if it had committed, `log/<first pos>` holds its first
-//!    event and the group succeeds.
+//! 3. sends one `Txn`: **if** `head == <known head>` (and, for a fenced group, the leader key's
+//!    create revision is the fence's token) **then** put the batch of every event at
+//!    `log/<last pos>`, each event's id, each append's stream entry, the claim changes, the
+//!    time index and the new head; **else** get the head, `log/<last pos>` (and the leader
+//!    key). No per-id compare is needed: an id is only ever written by a commit that moves the
+//!    head and compares it, so ids read as absent at head H are still absent when a
+//!    transaction comparing `head == H` commits (see `Committer::absent`);
+//! 4. on success updates its caches and publishes the head; on failure learns that its own
+//!    earlier attempt had committed, that the fence is stale, or that another server wrote
+//!    (caches dropped), and tries again. A request whose outcome stayed unknown (the
+//!    transaction timed out) is resent *identically*: if it had committed, `log/<last pos>`
+//!    holds its batch and the group succeeds.
+//!
+//! On the fast path (everything cached) the ids of a group are read member-locally, with the
+//! head in the same snapshot; they are trusted only if that head is one this committer's own
+//! commits went through (`own_heads`). Commit transactions go to the leader's endpoint first
+//! (`Etcd::pinned`).
 //!
 //! Every group has a deadline (its oldest request's arrival plus `unavailable_after`); past it
 //! the group fails with [`Error::Unavailable`] naming etcd.
@@ -30,9 +39,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnResponse};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 use vmplane_store::hash::event_hash;
@@ -45,7 +54,7 @@ use vmplane_store::{Revision, Timestamp};
 use vmplane_store::log::AppendDecision as Decision;
 
 use crate::codec;
-use crate::etcd::{Etcd, Failure, TXN_OPS_MAX, gets};
+use crate::etcd::{Etcd, Failure, gets};
 use crate::keys::{Head, IdLocation, Keys, StreamEntry};
 use crate::{EtcdOptions, Shared};
 
@@ -53,6 +62,12 @@ use crate::{EtcdOptions, Shared};
 pub(crate) const GROUP_BYTES_MAX: usize = 1_200_000;
 /// Event ids remembered as committed (retries are decided without a round trip).
 const KNOWN_IDS_MAX: usize = 65_536;
+/// Times a pipelined transaction is sent again after being overtaken by the one before it.
+const OVERTAKEN_RESENDS_MAX: u32 = 4;
+/// Own heads remembered (see `Committer::own_heads`).
+const OWN_HEADS_MAX: usize = 64;
+/// How often the committer looks for the leader's endpoint again (leadership moves).
+const REPIN_EVERY: Duration = Duration::from_secs(10);
 /// Times a group is decided again after the head moved under it before giving up.
 const GUARD_RETRIES_MAX: u32 = 64;
 
@@ -84,7 +99,10 @@ struct Plan {
 
 /// The committer's state: the head it knows and caches valid at that head.
 pub(crate) struct Committer {
+    /// Pinned to the leader's endpoint (see `Etcd::pinned`), looked for again after a failure
+    /// and every `REPIN_EVERY`.
     etcd: Etcd,
+    pinned_at: Option<Instant>,
     keys: Keys,
     options: EtcdOptions,
     shared: Arc<Shared>,
@@ -95,6 +113,14 @@ pub(crate) struct Committer {
     claims: HashMap<String, Option<String>>,
     /// Committed ids (never removed from etcd, so never stale).
     ids: HashMap<Uuid, IdLocation>,
+    /// Ids read as absent at a head in `own_heads`: absent at `head` too, unless `ids` has them.
+    /// Every id is written only by a commit that moves the head and compares it, so an id
+    /// absent at head H is absent at every later head reached by commits whose ids are known,
+    /// i.e. this committer's own; a commit decided at H fails unless the head is still H.
+    absent: HashSet<Uuid>,
+    /// Heads this committer's own commits (committed or in flight) went through, oldest first,
+    /// ending at `head`: nobody else committed between them. Reset when another server commits.
+    own_heads: VecDeque<Head>,
 }
 
 /// How much of one transaction a group uses.
@@ -126,22 +152,24 @@ impl Budget {
                 .map(|c| 2 * (c.key().len() + c.owner().len()) + 64)
                 .sum::<usize>();
         Budget {
-            // log + id per event, the stream entry, one per claim key
-            success_ops: 2 * events + 1 + request.claims.len(),
-            // each id (compare, and a get in the failure list)
-            compares: events,
+            // an id per event, the stream entry, one per claim key
+            success_ops: events + 1 + request.claims.len(),
+            // none per event: ids are read before deciding (see `Committer::absent`)
+            compares: 0,
             // the stream's latest entry, each claim, each id (when some are known)
             reads: 1 + request.claims.len() + events,
             bytes,
         }
     }
 
-    /// Whether `more` still fits; the first request of a group always does.
-    fn fits(&self, more: &Budget) -> bool {
-        // Fixed per transaction: head and time index puts; head compare; head and first-log gets.
-        self.success_ops + more.success_ops + 2 <= TXN_OPS_MAX
-            && self.compares + more.compares + 2 <= TXN_OPS_MAX
-            && self.reads + more.reads < TXN_OPS_MAX
+    /// Whether `more` still fits in a transaction of at most `ops_max` operations per list;
+    /// the first request of a group always does.
+    fn fits(&self, more: &Budget, ops_max: usize) -> bool {
+        // Fixed per transaction: the batch, head and time index puts; head compare; head and
+        // batch gets.
+        self.success_ops + more.success_ops + 3 <= ops_max
+            && self.compares + more.compares + 2 <= ops_max
+            && self.reads + more.reads < ops_max
             && self.bytes + more.bytes <= GROUP_BYTES_MAX
     }
 
@@ -162,7 +190,8 @@ impl Committer {
         head: Head,
     ) -> Committer {
         Committer {
-            etcd,
+            etcd: etcd.pinned(),
+            pinned_at: None,
             keys,
             options,
             shared,
@@ -171,7 +200,24 @@ impl Committer {
             streams: HashMap::new(),
             claims: HashMap::new(),
             ids: HashMap::new(),
+            absent: HashSet::new(),
+            own_heads: VecDeque::from([head]),
         }
+    }
+
+    /// `head` is this committer's own next head (sent or committed).
+    fn own_head(&mut self, head: Head) {
+        self.own_heads.push_back(head);
+        while self.own_heads.len() > OWN_HEADS_MAX {
+            self.own_heads.pop_front();
+        }
+    }
+
+    /// Someone else may have committed: only `head` (just read) is known.
+    fn reset_own_heads(&mut self, head: Head) {
+        self.own_heads.clear();
+        self.own_heads.push_back(head);
+        self.absent.clear();
     }
 
     /// Commits groups until every sender is gone, keeping up to `pipeline_depth` transactions
@@ -180,21 +226,27 @@ impl Committer {
     /// transaction in the pipeline fails, every later one was decided on a state that did not
     /// happen: they are settled one by one (a later one that committed anyway is acknowledged,
     /// the others are decided again on a fresh read), so positions stay gapless and the chain
-    /// intact. Anything off the fast path (a stream or claim not cached, a conflict that may be a
-    /// retry, another server's commit) drains the pipeline and commits alone.
+    /// intact. A transaction that failed only because etcd applied it before the one it follows
+    /// (its failure branch found an earlier head of this committer's own) is sent again
+    /// unchanged. Anything off the fast path (a stream or claim not cached, a partly known
+    /// request, another server's commit) drains the pipeline and commits alone.
     pub(crate) async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Pending>) {
         let mut carried: Option<Pending> = None;
         let mut in_flight: VecDeque<InFlight> = VecDeque::new();
         loop {
+            self.keep_pinned();
+            let room = in_flight.len() < self.options.pipeline_depth.max(1);
             let first = match carried.take() {
-                Some(pending) => Some(pending),
+                Some(pending) if room => Some(pending),
+                Some(pending) => {
+                    carried = Some(pending);
+                    None
+                }
                 None if in_flight.is_empty() => match queue.recv().await {
                     Some(pending) => Some(pending),
                     None => return,
                 },
-                None if in_flight.len() < self.options.pipeline_depth.max(1) => {
-                    queue.try_recv().ok()
-                }
+                None if room => queue.try_recv().ok(),
                 None => None,
             };
             let Some(first) = first else {
@@ -206,7 +258,7 @@ impl Committer {
             let mut group = vec![first];
             while let Ok(next) = queue.try_recv() {
                 let cost = Budget::cost(&next.request);
-                if next.fence == group[0].fence && budget.fits(&cost) {
+                if next.fence == group[0].fence && budget.fits(&cost, self.options.txn_ops_max) {
                     budget.add(cost);
                     group.push(next);
                 } else {
@@ -221,7 +273,7 @@ impl Committer {
                 .min()
                 .unwrap_or_else(Instant::now)
                 + self.options.unavailable_after;
-            let group = match self.try_pipeline(group, fence.clone(), deadline) {
+            let group = match self.try_pipeline(group, fence.clone(), deadline).await {
                 Ok(flight) => {
                     in_flight.push_back(flight);
                     continue;
@@ -237,16 +289,34 @@ impl Committer {
         }
     }
 
+    /// Looks for the leader's endpoint in the background when the pinned connection failed,
+    /// none was found yet, or the last search is old.
+    fn keep_pinned(&mut self) {
+        let old = self.pinned_at.is_none_or(|at| at.elapsed() >= REPIN_EVERY);
+        let recent = self
+            .pinned_at
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        if !recent && self.etcd.should_repin(old) {
+            self.pinned_at = Some(Instant::now());
+            let etcd = self.etcd.clone();
+            tokio::spawn(async move { etcd.repin().await });
+        }
+    }
+
     /// The fast path: when everything the group needs is cached and every request is accepted,
     /// decides it on the state the transactions in flight will leave, sends its transaction
     /// and takes its effects into the caches at once. Hands the group back otherwise.
-    fn try_pipeline(
+    async fn try_pipeline(
         &mut self,
         group: Vec<Pending>,
         fence: Option<Fence>,
         deadline: Instant,
     ) -> std::result::Result<InFlight, Vec<Pending>> {
-        if self.stale || self.shared.head() > self.head.position || self.ids.len() > KNOWN_IDS_MAX {
+        if self.stale
+            || self.shared.head() > self.head.position
+            || self.ids.len() > KNOWN_IDS_MAX
+            || self.absent.len() > KNOWN_IDS_MAX
+        {
             return Err(group);
         }
         let cached = group.iter().all(|p| {
@@ -265,6 +335,22 @@ impl Committer {
         });
         if !cached {
             return Err(group);
+        }
+        let unknown: Vec<Uuid> = group
+            .iter()
+            .flat_map(|p| p.request.events.iter().map(|e| e.id))
+            .filter(|id| !self.ids.contains_key(id) && !self.absent.contains(id))
+            .collect();
+        if !unknown.is_empty() {
+            match self.read_ids_in_chain(&unknown, deadline).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Another server committed: the slow path reloads.
+                    self.stale = true;
+                    return Err(group);
+                }
+                Err(_) => return Err(group),
+            }
         }
         let mut overlay = Overlay {
             next_position: self.head.position + 1,
@@ -290,14 +376,17 @@ impl Committer {
         }
         let requests: Vec<&AppendRequest> = group.iter().map(|p| &p.request).collect();
         let plan = self.plan(&requests, &decisions, &overlay, fence.as_ref());
-        let etcd = self.etcd.clone();
+        let base = self.head;
         let txn = plan.txn;
-        let response =
-            tokio::spawn(async move { etcd.txn("committing appends", deadline, txn).await });
+        let response = send(&self.etcd, deadline, txn.clone());
         let ids: Vec<Uuid> = overlay.ids.keys().copied().collect();
         let events = ids.len() as u64;
         // Speculatively committed: the next group is decided after this one.
         self.head = plan.head;
+        self.own_head(plan.head);
+        for id in &ids {
+            self.absent.remove(id);
+        }
         for (stream, revision) in overlay.heads {
             self.streams.insert(stream, Some(revision));
         }
@@ -310,6 +399,9 @@ impl Committer {
             fence,
             deadline,
             decisions,
+            base,
+            txn,
+            resent: 0,
             head: plan.head,
             first_id: plan.first_id,
             ids,
@@ -329,6 +421,19 @@ impl Committer {
         self.shared
             .commit_micros
             .fetch_add(flight.sent.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if let Ok(r) = &response
+            && !r.succeeded()
+            && flight.resent < OVERTAKEN_RESENDS_MAX
+            && self.overtaken(&flight, r)
+        {
+            // Every transaction before it committed (they completed first), so the head it
+            // was decided on is there now, unless another server wrote: send it again as is.
+            flight.resent += 1;
+            self.shared.resent.fetch_add(1, Ordering::Relaxed);
+            flight.response = send(&self.etcd, flight.deadline, flight.txn.clone());
+            in_flight.push_front(flight);
+            return;
+        }
         if let Ok(r) = &response
             && r.succeeded()
         {
@@ -352,6 +457,20 @@ impl Committer {
         }
         for (flight, response) in broken {
             self.settle(flight, response).await;
+        }
+    }
+
+    /// Whether `flight` failed only because etcd applied it before a transaction of its own
+    /// pipeline that it follows (etcd may reorder requests that are in flight together, even on
+    /// one connection): the head it found is one of this committer's own, short of its base.
+    fn overtaken(&self, flight: &InFlight, response: &TxnResponse) -> bool {
+        let found = match gets(response).first().cloned().flatten() {
+            Some(kv) => Head::decode(kv.value()),
+            None => Ok(Head::EMPTY),
+        };
+        match found {
+            Ok(found) => found.position < flight.base.position && self.own_heads.contains(&found),
+            Err(_) => false,
         }
     }
 
@@ -387,7 +506,7 @@ impl Committer {
                     .get(1)
                     .cloned()
                     .flatten()
-                    .and_then(|kv| codec::stored_id(kv.value()))
+                    .and_then(|kv| codec::batch_first_id(kv.value()))
                     == Some(flight.first_id);
                 if ours {
                     // An earlier attempt of this very transaction committed (answer lost).
@@ -427,8 +546,6 @@ impl Committer {
         deadline: Instant,
     ) -> Vec<Result<AppendResult>> {
         let mut guard_failures = 0u32;
-        // Ids looked up during this group and not found.
-        let mut absent: HashSet<Uuid> = HashSet::new();
         loop {
             if self.shared.head() > self.head.position {
                 // The head watch saw another server's commit.
@@ -461,29 +578,6 @@ impl Committer {
                     decision
                 })
                 .collect();
-            // A request about to be rejected may be a retry of a committed append, which must
-            // replay instead: look its unknown ids up in etcd first, then decide again.
-            let unchecked: Vec<Uuid> = group
-                .iter()
-                .zip(&decisions)
-                .filter(|(_, d)| {
-                    matches!(
-                        d,
-                        Decision::Reject(Error::Conflict { .. } | Error::ClaimTaken { .. })
-                    )
-                })
-                .flat_map(|(request, _)| request.events.iter().map(|e| e.id))
-                .filter(|id| !self.ids.contains_key(id) && !absent.contains(id))
-                .collect();
-            if !unchecked.is_empty() {
-                if let Err(failure) = self.look_up_ids(&unchecked, &mut absent, deadline).await {
-                    return group
-                        .iter()
-                        .map(|_| Err(failure.clone().into_error()))
-                        .collect();
-                }
-                continue;
-            }
             if overlay.next_position == self.head.position + 1 {
                 return decisions.into_iter().map(Decision::into_result).collect();
             }
@@ -520,7 +614,7 @@ impl Committer {
                 .get(1)
                 .cloned()
                 .flatten()
-                .and_then(|kv| codec::stored_id(kv.value()))
+                .and_then(|kv| codec::batch_first_id(kv.value()))
                 == Some(plan.first_id);
             if ours {
                 // An earlier attempt of this very transaction committed (its answer was lost).
@@ -556,32 +650,10 @@ impl Committer {
                         .collect();
                 }
             }
-            // The head did not move, so an id compare failed: an append of this group was
-            // committed before (a retry, maybe through another server). The ids are read in a
-            // round trip of their own (rare), which keeps every commit's failure list short.
-            let mut learned = false;
-            if found_head.as_ref().ok() == Some(&self.head) {
-                let ids: Vec<Uuid> = overlay.ids.keys().copied().collect();
-                let mut absent_now = HashSet::new();
-                match self.look_up_ids(&ids, &mut absent_now, deadline).await {
-                    Ok(()) => learned = absent_now.len() < ids.len(),
-                    Err(failure) => {
-                        self.stale = true;
-                        return group
-                            .iter()
-                            .map(|_| Err(failure.clone().into_error()))
-                            .collect();
-                    }
-                }
-            }
-            if found_head.as_ref().ok() != Some(&self.head) {
-                self.stale = true;
-                guard_failures += 1;
-            } else if !learned {
-                // Neither the head nor an id explains the failure: the caches are suspect.
-                self.stale = true;
-                guard_failures += 1;
-            }
+            // The head moved (another server committed), or something unexplained happened:
+            // either way the caches are suspect.
+            self.stale = true;
+            guard_failures += 1;
             if guard_failures > GUARD_RETRIES_MAX || Instant::now() >= deadline {
                 return group
                     .iter()
@@ -601,13 +673,16 @@ impl Committer {
     /// Makes the caches cover every stream and claim of `group` (and the unknown ids of requests
     /// with some known ids), all valid at `self.head`.
     async fn load(&mut self, group: &[&AppendRequest], deadline: Instant) -> Result<(), Failure> {
-        if self.ids.len() > KNOWN_IDS_MAX {
+        if self.ids.len() > KNOWN_IDS_MAX || self.absent.len() > KNOWN_IDS_MAX {
+            // Forgetting committed ids breaks the chain argument for older own heads.
             self.ids.clear();
+            self.reset_own_heads(self.head);
         }
         for _ in 0..8 {
             if self.stale {
                 self.streams.clear();
                 self.claims.clear();
+                self.absent.clear();
             }
             let mut streams: Vec<&str> = Vec::new();
             let mut claims: Vec<&str> = Vec::new();
@@ -623,19 +698,13 @@ impl Committer {
                         claims.push(claim.key());
                     }
                 }
-                let known = request
-                    .events
-                    .iter()
-                    .filter(|e| self.ids.contains_key(&e.id))
-                    .count();
-                if known > 0 && known < request.events.len() {
-                    ids.extend(
-                        request
-                            .events
-                            .iter()
-                            .filter(|e| !self.ids.contains_key(&e.id))
-                            .map(|e| e.id),
-                    );
+                for event in &request.events {
+                    if !self.ids.contains_key(&event.id)
+                        && !self.absent.contains(&event.id)
+                        && !ids.contains(&event.id)
+                    {
+                        ids.push(event.id);
+                    }
                 }
             }
             if !self.stale && streams.is_empty() && claims.is_empty() && ids.is_empty() {
@@ -672,6 +741,7 @@ impl Committer {
                 self.claims.clear();
                 self.head = head;
                 self.stale = false;
+                self.reset_own_heads(head);
                 // Another server's commits are durable too: waiters may see them now.
                 self.shared.publish(head.position);
             }
@@ -697,11 +767,17 @@ impl Committer {
                 };
                 self.claims.insert((*key).to_owned(), holder);
             }
+            // Read with the head, so valid at it (and at `self.head`, which is now that head).
             for id in &ids {
-                if let Some(kv) = values.next().flatten() {
-                    let location =
-                        IdLocation::decode(id, kv.value()).map_err(|e| damaged(e.to_string()))?;
-                    self.ids.insert(*id, location);
+                match values.next().flatten() {
+                    Some(kv) => {
+                        let location = IdLocation::decode(id, kv.value())
+                            .map_err(|e| damaged(e.to_string()))?;
+                        self.ids.insert(*id, location);
+                    }
+                    None => {
+                        self.absent.insert(*id);
+                    }
                 }
             }
             if !moved {
@@ -716,34 +792,58 @@ impl Committer {
         ))
     }
 
-    /// Reads `ids` from etcd: found ones become known, the others `absent`.
-    async fn look_up_ids(
+    /// Reads `ids` together with the head, member-locally (serializable: no consensus round),
+    /// in one snapshot. True if that head is one of `own_heads`: then the ids found absent are
+    /// absent at `self.head` too (only this committer's commits, whose ids it knows, came
+    /// after), and they go to `absent`; found ones become known. False if another server
+    /// committed or the member lags behind: nothing is learned.
+    async fn read_ids_in_chain(
         &mut self,
         ids: &[Uuid],
-        absent: &mut HashSet<Uuid>,
         deadline: Instant,
-    ) -> Result<(), Failure> {
-        let reads = ids.iter().map(|id| (self.keys.id(id), None)).collect();
-        let found = self
+    ) -> Result<bool, Failure> {
+        let local = GetOptions::new().with_serializable();
+        let mut ops = vec![TxnOp::get(self.keys.head(), Some(local.clone()))];
+        ops.extend(
+            ids.iter()
+                .map(|id| TxnOp::get(self.keys.id(id), Some(local.clone()))),
+        );
+        let response = self
             .etcd
-            .read_many("looking up event ids", deadline, reads)
+            .txn("looking up event ids", deadline, Txn::new().and_then(ops))
             .await?;
-        for (id, kvs) in ids.iter().zip(found) {
-            match kvs.first() {
+        let values = gets(&response);
+        let damaged = |reason: String| Failure::Refused {
+            context: "looking up event ids",
+            reason,
+        };
+        if values.len() != ids.len() + 1 {
+            return Err(damaged(format!(
+                "etcd answered {} of {} reads",
+                values.len(),
+                ids.len() + 1
+            )));
+        }
+        let head = match values.first().cloned().flatten() {
+            Some(kv) => Head::decode(kv.value()).map_err(|e| damaged(e.to_string()))?,
+            None => Head::EMPTY,
+        };
+        if !self.own_heads.contains(&head) {
+            return Ok(false);
+        }
+        for (id, value) in ids.iter().zip(values.into_iter().skip(1)) {
+            match value {
                 Some(kv) => {
                     let location =
-                        IdLocation::decode(id, kv.value()).map_err(|err| Failure::Refused {
-                            context: "looking up event ids",
-                            reason: err.to_string(),
-                        })?;
+                        IdLocation::decode(id, kv.value()).map_err(|e| damaged(e.to_string()))?;
                     self.ids.insert(*id, location);
                 }
                 None => {
-                    absent.insert(*id);
+                    self.absent.insert(*id);
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// How `request` fares against the caches plus the group's earlier effects.
@@ -773,14 +873,17 @@ impl Committer {
                 not_written: not_done.into_iter().map(|(e, _)| e.id).collect(),
             });
         }
-        // `load` put every stream and claim of the group in the caches; deciding without one
-        // would guess, so a missing one fails the request instead.
+        // `load` put every stream, claim and event id of the group in the caches; deciding
+        // without one would guess, so a missing one fails the request instead.
         let not_loaded = |what: String| {
             Decision::Reject(Error::Storage {
                 context: "deciding an append",
                 reason: format!("{what} was not loaded from etcd"),
             })
         };
+        if let Some(event) = request.events.iter().find(|e| !self.absent.contains(&e.id)) {
+            return not_loaded(format!("whether event id {} is committed", event.id));
+        }
         let actual = match overlay.heads.get(&request.stream) {
             Some(revision) => Some(*revision),
             None => match self.streams.get(&request.stream) {
@@ -838,11 +941,13 @@ impl Committer {
             Compare::value(keys.head(), CompareOp::Equal, self.head.encode())
         }];
         let first_position = self.head.position + 1;
+        let last_position = overlay.next_position - 1;
         let mut success = Vec::new();
         let mut failure = vec![
             TxnOp::get(keys.head(), None),
-            TxnOp::get(keys.log(first_position), None),
+            TxnOp::get(keys.log(last_position), None),
         ];
+        let mut batch = codec::BatchWriter::new();
         let mut prev_hash = self.head.hash;
         let mut first_id = None;
         for (request, decision) in group.iter().zip(decisions) {
@@ -875,18 +980,13 @@ impl Committer {
                 };
                 let hash = event_hash(&event);
                 event.hash = &hash;
-                success.push(TxnOp::put(keys.log(position), codec::encode(&event), None));
+                batch.push(&event);
                 let location = IdLocation {
                     position,
                     revision,
                     stream: request.stream.clone(),
                 };
                 success.push(TxnOp::put(keys.id(&proposed.id), location.encode(), None));
-                compares.push(Compare::create_revision(
-                    keys.id(&proposed.id),
-                    CompareOp::Equal,
-                    0,
-                ));
                 first_id.get_or_insert(proposed.id);
                 prev_hash = hash;
             }
@@ -907,7 +1007,7 @@ impl Committer {
                 None => TxnOp::delete(keys.claim(key), None),
             });
         }
-        let last_position = overlay.next_position - 1;
+        success.push(TxnOp::put(keys.log(last_position), batch.finish(), None));
         let head = Head {
             position: last_position,
             hash: prev_hash,
@@ -947,7 +1047,11 @@ impl Committer {
             self.claims.insert(key, owner);
         }
         let events = overlay.ids.len() as u64;
+        for id in overlay.ids.keys() {
+            self.absent.remove(id);
+        }
         self.ids.extend(overlay.ids);
+        self.own_head(head);
         self.shared.commits.fetch_add(1, Ordering::Relaxed);
         self.shared
             .committed_events
@@ -962,6 +1066,11 @@ struct InFlight {
     fence: Option<Fence>,
     deadline: Instant,
     decisions: Vec<Decision>,
+    /// The head it was decided on (its compare).
+    base: Head,
+    /// Its transaction, to send again unchanged when it was overtaken.
+    txn: Txn,
+    resent: u32,
     /// The head once it commits.
     head: Head,
     first_id: Uuid,
@@ -980,6 +1089,16 @@ impl InFlight {
             ))),
         }
     }
+}
+
+/// Sends a commit transaction in a task of its own (so several can be in flight).
+fn send(
+    etcd: &Etcd,
+    deadline: Instant,
+    txn: Txn,
+) -> tokio::task::JoinHandle<Result<TxnResponse, Failure>> {
+    let etcd = etcd.clone();
+    tokio::spawn(async move { etcd.txn("committing appends", deadline, txn).await })
 }
 
 fn reply(group: Vec<Pending>, results: Vec<Result<AppendResult>>) {
@@ -1040,5 +1159,61 @@ impl Overlay {
             self.claims.insert(key.clone(), owner.clone());
         }
         self.next_position = first_position + count;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EtcdLog;
+    use vmplane_store::{ExpectedRevision, ProposedEvent};
+
+    fn one_event_append(stream: &str) -> AppendRequest {
+        AppendRequest::new(
+            stream,
+            ExpectedRevision::Any,
+            vec![ProposedEvent {
+                id: Uuid::now_v7(),
+                event_type: "T".into(),
+                schema_version: 1,
+                payload: vec![0; 256],
+                actor: "a".into(),
+                correlation_id: Uuid::now_v7(),
+                causation_id: None,
+            }],
+        )
+    }
+
+    /// How many one-event appends on distinct streams one group takes under `ops_max`.
+    fn group_size(ops_max: usize) -> usize {
+        let mut budget = Budget::default();
+        let mut taken = 0;
+        loop {
+            let cost = Budget::cost(&one_event_append(&format!("s{taken}")));
+            if taken > 0 && !budget.fits(&cost, ops_max) {
+                return taken;
+            }
+            budget.add(cost);
+            taken += 1;
+        }
+    }
+
+    #[test]
+    fn a_group_uses_two_operations_per_one_event_append_and_the_configured_limit() {
+        // Per append: its id and its stream entry; per group: batch, time index and head.
+        assert_eq!(group_size(128), 62);
+        assert_eq!(group_size(1024), 510);
+        let largest = AppendRequest::new(
+            "s",
+            ExpectedRevision::Any,
+            (0..EtcdLog::LIMITS.append_batch_events_max)
+                .map(|_| one_event_append("s").events.remove(0))
+                .collect(),
+        );
+        let cost = Budget::cost(&largest);
+        assert!(
+            Budget::default().fits(&cost, 128),
+            "the largest append fits alone"
+        );
     }
 }

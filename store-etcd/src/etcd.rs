@@ -5,6 +5,8 @@
 //! hanging. A retried write is safe because every write is a compare-and-swap on the head.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, GetOptions, GetResponse, KeyValue, KvClient, Txn};
@@ -24,7 +26,27 @@ pub(crate) struct Etcd {
     client: Client,
     kv: KvClient,
     endpoints: String,
+    endpoint_list: Vec<String>,
     request_timeout: Duration,
+    /// For the committer: a connection to the leader's endpoint alone, tried first.
+    pin: Option<Arc<Pin>>,
+}
+
+/// A connection to one member (the leader when it was made), used for the first attempt of
+/// every call; retries go through the balanced connection to every member.
+///
+/// Why: the balanced connection spreads requests over the members, and followers forward
+/// proposals to the leader on separate paths, so two transactions sent one after the other may
+/// be applied in the other order; a pipelined commit that overtakes the one before it fails its
+/// head compare. Through one connection to the leader they arrive in order, and no member
+/// spends CPU forwarding.
+#[derive(Default)]
+struct Pin {
+    kv: Mutex<Option<KvClient>>,
+    /// A call through the pinned connection failed: find the leader again.
+    failed: AtomicBool,
+    /// A search for the leader is running.
+    searching: AtomicBool,
 }
 
 /// Why a call failed, before it becomes a store [`Error`]: cloneable, so one failure can answer
@@ -104,8 +126,76 @@ impl Etcd {
             client,
             kv,
             endpoints: endpoints.join(","),
+            endpoint_list: endpoints.to_vec(),
             request_timeout,
+            pin: None,
         })
+    }
+
+    /// This connection, trying the leader's endpoint first once [`Etcd::repin`] found it.
+    pub(crate) fn pinned(&self) -> Etcd {
+        Etcd {
+            pin: Some(Arc::new(Pin::default())),
+            ..self.clone()
+        }
+    }
+
+    /// Whether the pinned connection should be looked for again (a call through it failed, or
+    /// none was found yet); claims the search when it returns true.
+    pub(crate) fn should_repin(&self, also: bool) -> bool {
+        let Some(pin) = &self.pin else {
+            return false;
+        };
+        let wanted = also
+            || pin.failed.load(Ordering::Relaxed)
+            || pin.kv.lock().map(|kv| kv.is_none()).unwrap_or(true);
+        wanted
+            && pin
+                .searching
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Finds the leader's endpoint (each member is asked for its status) and pins the first
+    /// attempt of every call to it; without a leader, calls use the balanced connection.
+    pub(crate) async fn repin(&self) {
+        let Some(pin) = &self.pin else {
+            return;
+        };
+        let leader = self.find_leader().await;
+        if let Ok(mut kv) = pin.kv.lock() {
+            *kv = leader;
+        }
+        pin.failed.store(false, Ordering::Relaxed);
+        pin.searching.store(false, Ordering::Release);
+    }
+
+    async fn find_leader(&self) -> Option<KvClient> {
+        let options = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(self.request_timeout.min(Duration::from_secs(1)))
+            .with_timeout(self.request_timeout);
+        for endpoint in &self.endpoint_list {
+            let attempt = tokio::time::timeout(self.request_timeout, async {
+                let mut client = Client::connect([endpoint], Some(options.clone())).await?;
+                let status = client.status().await?;
+                Ok::<_, etcd_client::Error>((client, status))
+            })
+            .await;
+            let Ok(Ok((client, status))) = attempt else {
+                continue;
+            };
+            let member = status.header().map(|h| h.member_id());
+            if status.leader() != 0 && member == Some(status.leader()) {
+                tracing::debug!(%endpoint, "etcd: commits go to the leader's endpoint first");
+                return Some(
+                    client
+                        .kv_client()
+                        .max_decoding_message_size(DECODING_MESSAGE_BYTES_MAX),
+                );
+            }
+        }
+        None
     }
 
     pub(crate) fn client(&self) -> Client {
@@ -148,7 +238,20 @@ impl Etcd {
                 )));
             }
             let budget = self.request_timeout.min(deadline - now);
-            let last = match tokio::time::timeout(budget, call(self.kv.clone())).await {
+            let pinned = match &self.pin {
+                Some(pin) if attempt == 0 => pin.kv.lock().ok().and_then(|kv| kv.clone()),
+                _ => None,
+            };
+            let through_pin = pinned.is_some();
+            let kv = pinned.unwrap_or_else(|| self.kv.clone());
+            let outcome = tokio::time::timeout(budget, call(kv)).await;
+            if through_pin
+                && !matches!(outcome, Ok(Ok(_)))
+                && let Some(pin) = &self.pin
+            {
+                pin.failed.store(true, Ordering::Relaxed);
+            }
+            let last = match outcome {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(err)) => match judge(&err) {
                     Verdict::Retry(reason) => reason,

@@ -49,6 +49,8 @@ pub struct EtcdCluster {
     dir: Option<tempfile::TempDir>,
     token: String,
     members: Vec<Member>,
+    /// Extra `etcd` flags every member starts with.
+    flags: Vec<String>,
     watchdog: Option<Child>,
 }
 
@@ -101,10 +103,17 @@ fn free_ports(count: usize) -> Result<Vec<u16>, HarnessError> {
 impl EtcdCluster {
     /// Starts `members` members and waits until the cluster serves linearizable reads.
     pub fn start(members: usize) -> Result<EtcdCluster, HarnessError> {
+        EtcdCluster::start_with_flags(members, &[])
+    }
+
+    /// Like [`EtcdCluster::start`], every member also started with `flags` (e.g.
+    /// `["--max-txn-ops", "1024"]`), restarts included.
+    pub fn start_with_flags(members: usize, flags: &[&str]) -> Result<EtcdCluster, HarnessError> {
         let binary = etcd_binary()?;
+        let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
         let mut last = String::new();
         for _ in 0..START_ATTEMPTS_MAX {
-            match EtcdCluster::start_once(&binary, members) {
+            match EtcdCluster::start_once(&binary, members, &flags) {
                 Ok(cluster) => return Ok(cluster),
                 Err(err) => last = err.0,
             }
@@ -114,7 +123,11 @@ impl EtcdCluster {
         )))
     }
 
-    fn start_once(binary: &Path, count: usize) -> Result<EtcdCluster, HarnessError> {
+    fn start_once(
+        binary: &Path,
+        count: usize,
+        flags: &[String],
+    ) -> Result<EtcdCluster, HarnessError> {
         let dir = tempfile::Builder::new()
             .prefix("vmplane-etcd-")
             .tempdir()
@@ -133,6 +146,7 @@ impl EtcdCluster {
             token: format!("vmplane-{}", uuid::Uuid::new_v4().simple()),
             dir: Some(dir),
             members,
+            flags: flags.to_vec(),
             watchdog: None,
         };
         cluster.start_watchdog()?;
@@ -225,6 +239,7 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.token])
             .args(["--initial-cluster-state", state])
             .args(["--logger", "zap"])
+            .args(&self.flags)
             .arg("--log-outputs")
             .arg(&log)
             .stdin(Stdio::null())

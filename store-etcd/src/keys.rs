@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! <ns>/v1/head                                  "<pos:020>:<hash hex>:<recorded_at>"  the CAS word
-//! <ns>/v1/log/<pos:020>                         event envelope (codec.rs)  immutable, create-only
+//! <ns>/v1/log/<last pos:020>                    the events of one committed transaction, in
+//!                                               position order (a batch, codec.rs); the key
+//!                                               names its LAST position    immutable, create-only
 //! <ns>/v1/id/<uuid>                             "<pos:020>:<rev:020>:<stream>"           immutable
 //! <ns>/v1/stream/<len:04>/<stream>/<!rev:020>   "<pos:020>:<count>"  one per append, immutable
 //! <ns>/v1/claim/<key>                           owner                          put / deleted
@@ -11,7 +13,13 @@
 //!                                               the fence token of the term
 //! ```
 //!
-//! Numbers are zero-padded so key order is numeric order. A stream's entries are keyed by the
+//! Numbers are zero-padded so key order is numeric order. Every commit writes its events as one
+//! batch under one key (etcd's cost is per operation in a transaction, not per byte), keyed by
+//! its last position: batches are contiguous, so the batch holding position `p` is the first key
+//! at or after `log/<p>`, one ascending `limit 1` range with no window to bound, and reading
+//! the log after `p` is an ascending range from `log/<p + 1>` (its first batch may start before
+//! `p + 1`; readers skip what they do not want). An append's events are always in one batch. A
+//! stream's entries are keyed by the
 //! *complement* of their first revision (`u64::MAX - rev`), so the stream's latest entry is the
 //! first key of its range: its revision is one `limit 1` range away, with no separate mutable
 //! stream-head key to write on every append (etcd's sorted ranges read the whole range, so a
@@ -39,6 +47,8 @@ impl Keys {
         format!("{}head", self.root).into_bytes()
     }
 
+    /// The key of the batch whose last position is `position`; as a range start, the batch
+    /// holding `position`.
     pub(crate) fn log(&self, position: u64) -> Vec<u8> {
         format!("{}log/{position:020}", self.root).into_bytes()
     }
@@ -47,7 +57,7 @@ impl Keys {
         format!("{}log/", self.root).into_bytes()
     }
 
-    /// The position a `log/` key names.
+    /// The (last) position a `log/` key names.
     pub(crate) fn log_position(&self, key: &[u8]) -> Option<u64> {
         let rest = key.strip_prefix(self.log_prefix().as_slice())?;
         parse_u64(rest)

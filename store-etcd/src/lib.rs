@@ -25,9 +25,10 @@
 //!
 //! ```text
 //! head                               "<pos:020>:<hash hex>:<recorded_at>"  the compare-and-swap word
-//! log/<pos:020>                      the event envelope (position, stream, revision, id, time,
-//!                                    actor, correlation and causation, type, version, payload,
-//!                                    prev hash, hash)                                 immutable
+//! log/<last pos:020>                 one committed transaction's events (a batch), each an
+//!                                    envelope (position, stream, revision, id, time, actor,
+//!                                    correlation and causation, type, version, payload, prev
+//!                                    hash, hash); keyed by its last position          immutable
 //! id/<uuid>                          "<pos>:<rev>:<stream>"   idempotency index        immutable
 //! stream/<len:04>/<stream>/<!rev:020>  "<first pos>:<count>"  one per append           immutable
 //! claim/<key>                        owner                    (deleted when released)
@@ -39,6 +40,10 @@
 //! a `limit 1` range and no mutable stream-head key is rewritten on every append. `position_at`
 //! is one `limit 1` range over the time index (etcd reads a whole range when asked to sort, so
 //! nothing here sorts).
+//!
+//! A batch is keyed by its last position, so the batch holding position `p` is the first key at
+//! or after `log/<p>` (one ascending `limit 1` range), and an append's events are always in one
+//! batch. One key per transaction instead of one per event: etcd's cost is per operation.
 //!
 //! Events live at position-numbered keys that are written once and never overwritten, so etcd's
 //! compaction never removes one: compaction keeps every live key's latest value, and only the
@@ -52,10 +57,15 @@
 //! key. Racing writers collapse on that word (the reference measured 321 appends/s with 16
 //! writers), so each `EtcdLog` has **one committer task** that packs every waiting append into
 //! one transaction — within etcd's 128 operations per list and 1.5 MiB per request — guarded by
-//! `head == <the head it knows>` and "none of these event ids exists". Several servers, each with
-//! its own `EtcdLog` on one namespace, stay correct: a failed guard means another server
-//! committed; the committer reloads and decides again (details in the `commit` module). An append
-//! returns only after etcd acknowledged the transaction, i.e. after a quorum persisted it.
+//! `head == <the head it knows>`. Event ids are read (with the head, in one snapshot) before
+//! deciding; since every id is written only by a transaction that moves and compares the head,
+//! ids absent at head H are still absent when a transaction guarded by `head == H` commits, so
+//! no per-id compare is needed. Several servers, each with its own `EtcdLog` on one namespace,
+//! stay correct: a failed guard means another server committed; the committer reloads and
+//! decides again (details in the `commit` module). Commit transactions go to the leader's
+//! endpoint first (found from each member's status, looked for again after a failure and every
+//! 10 s; retries use every endpoint). An append returns only after etcd acknowledged the
+//! transaction, i.e. after a quorum persisted it.
 //!
 //! A **fenced** append ([`EventLog::append_fenced`], what the elected reconciler writes with)
 //! adds one compare to its group's transaction: `create_revision(leader/<name>) == token`. Only
@@ -64,8 +74,11 @@
 //!
 //! `pipeline_depth` > 1 keeps several transactions in flight, each compared against the head the
 //! one before it will leave; it is correct (tested with two servers breaking each other's
-//! pipelines) but off by default: etcd may apply concurrent requests out of order, and an
-//! overtaking transaction fails its compare and drains the pipeline.
+//! pipelines) but off by default: etcd may apply concurrent requests out of order even when they
+//! come one after the other over one connection (measured: often, on a loaded 2-core machine),
+//! and an overtaking transaction fails its compare. Such a transaction is sent again unchanged
+//! once the ones before it committed ([`CommitStats::resent`]), but the failed attempt still
+//! cost a raft round, and depth 2 measured slower than 1.
 //!
 //! ## Faults
 //!
@@ -132,6 +145,10 @@ use crate::commit::{Committer, Pending};
 use crate::etcd::Etcd;
 use crate::keys::{Head, Keys};
 
+/// etcd's default `--max-txn-ops`, and the least [`EtcdOptions::txn_ops_max`] accepts (the
+/// largest append needs 70 operations; reads are sent in lists of this size).
+pub const DEFAULT_TXN_OPS_MAX: usize = crate::etcd::TXN_OPS_MAX;
+
 /// Bytes in a namespace: it prefixes every key, and a full transaction must stay below etcd's
 /// 1.5 MiB request limit.
 pub const NAMESPACE_BYTES_MAX: usize = 128;
@@ -151,8 +168,14 @@ pub struct EtcdOptions {
     /// Commit transactions the committer keeps in flight at once (at least 1; 1 = each group
     /// waits for the one before it). Default 1: etcd may apply concurrent requests out of
     /// order, and a pipelined transaction that overtakes the one before it fails its head
-    /// compare and drains the pipeline; measured slower than 1 here (README). See `commit`.
+    /// compare and is sent again; measured slower than 1 here (README). See `commit`.
     pub pipeline_depth: usize,
+    /// The most operations the committer puts in each list of one transaction: etcd's
+    /// `--max-txn-ops`, which must be at least this on every member (etcd refuses a larger
+    /// transaction). Default 128, etcd's default; at least 128. A higher value lets one
+    /// transaction carry more events (about one per 2 operations for one-event appends), which
+    /// pays only when more appends wait than 128 operations hold.
+    pub txn_ops_max: usize,
 }
 
 impl EtcdOptions {
@@ -166,6 +189,7 @@ impl EtcdOptions {
             request_timeout: Duration::from_secs(2),
             unavailable_after: Duration::from_secs(10),
             pipeline_depth: 1,
+            txn_ops_max: DEFAULT_TXN_OPS_MAX,
         }
     }
 }
@@ -178,6 +202,7 @@ pub(crate) struct Shared {
     pub(crate) commits: AtomicU64,
     pub(crate) committed_events: AtomicU64,
     pub(crate) guard_failures: AtomicU64,
+    pub(crate) resent: AtomicU64,
     pub(crate) commit_micros: AtomicU64,
 }
 
@@ -188,8 +213,11 @@ pub struct CommitStats {
     pub commits: u64,
     /// Events they committed.
     pub events: u64,
-    /// Transactions whose head guard (or id check) failed and were decided again.
+    /// Transactions whose head guard failed and were decided again.
     pub guard_failures: u64,
+    /// Pipelined transactions etcd applied before the one they follow (so their head guard
+    /// failed) and that were sent again unchanged.
+    pub resent: u64,
     /// Time spent waiting for etcd on committing transactions, in microseconds.
     pub commit_micros: u64,
 }
@@ -203,6 +231,7 @@ impl Shared {
             commits: AtomicU64::new(0),
             committed_events: AtomicU64::new(0),
             guard_failures: AtomicU64::new(0),
+            resent: AtomicU64::new(0),
             commit_micros: AtomicU64::new(0),
         }
     }
@@ -240,9 +269,9 @@ impl fmt::Debug for EtcdLog {
 }
 
 impl EtcdLog {
-    /// The bounds of this backend. One append always fits one etcd transaction: per event a
-    /// `log/` and an `id/` put, plus the stream entry, every claim, the head and the time index
-    /// stay within 128 operations (2 × 50 + 1 + 16 + 2 = 119), and the largest
+    /// The bounds of this backend. One append always fits one etcd transaction: per event an
+    /// `id/` put, plus the stream entry, every claim, the batch, the head and the time index
+    /// stay within 128 operations (50 + 1 + 16 + 3 = 70), and the largest
     /// append (1 MiB of payload plus 50 maximal envelopes) stays below etcd's 1.5 MiB.
     pub const LIMITS: Limits = Limits {
         append_batch_events_max: 50,
@@ -268,6 +297,14 @@ impl EtcdLog {
         if options.namespace.trim_matches('/').is_empty() {
             return Err(Error::InvalidRequest {
                 reason: "the etcd namespace of the log is empty".into(),
+            });
+        }
+        if options.txn_ops_max < DEFAULT_TXN_OPS_MAX {
+            return Err(Error::InvalidRequest {
+                reason: format!(
+                    "txn_ops_max {} is below etcd's default --max-txn-ops {DEFAULT_TXN_OPS_MAX}",
+                    options.txn_ops_max
+                ),
             });
         }
         if options.namespace.len() > NAMESPACE_BYTES_MAX {
@@ -337,6 +374,7 @@ impl EtcdLog {
             commits: self.shared.commits.load(Ordering::Relaxed),
             events: self.shared.committed_events.load(Ordering::Relaxed),
             guard_failures: self.shared.guard_failures.load(Ordering::Relaxed),
+            resent: self.shared.resent.load(Ordering::Relaxed),
             commit_micros: self.shared.commit_micros.load(Ordering::Relaxed),
         }
     }

@@ -1,6 +1,7 @@
 //! Reads: all of them go to etcd (linearizable by default), since another server may have
-//! written. Everything is read from the immutable position-numbered keys and indexes, paged, never
-//! through etcd's history.
+//! written. Everything is read from the immutable position-numbered batches and indexes, paged,
+//! never through etcd's history. The batch holding position `p` is the first `log/` key at or
+//! after `log/<p>` (keys name a batch's last position).
 
 use std::collections::HashMap;
 
@@ -16,8 +17,10 @@ use crate::codec;
 use crate::etcd::TXN_OPS_MAX;
 use crate::keys::{Head, IdLocation, StreamEntry, key_after, prefix_end};
 
-/// Events fetched per etcd request.
+/// Events visited per page by scans and verification.
 const READ_PAGE_EVENTS_MAX: u64 = 256;
+/// Batches fetched per etcd request (each at most about 1.2 MB, usually a few tens of KB).
+const READ_PAGE_BATCHES_MAX: i64 = 64;
 
 impl EtcdLog {
     /// The head key as etcd has it now.
@@ -33,45 +36,86 @@ impl EtcdLog {
     }
 
     /// Up to `count` events after `after`, in position order, checking they are gapless.
+    ///
+    /// One round trip per page: the batches whose last position lies in the wanted span, and
+    /// (in the same read) the first batch after it, which holds the span's tail when the last
+    /// wanted position is not the end of a batch.
     pub(crate) async fn read_range(&self, after: u64, count: u64) -> Result<Vec<RecordedEvent>> {
         let mut events = Vec::new();
-        let mut next = after.saturating_add(1);
-        while (events.len() as u64) < count && next > after {
-            let page = (count - events.len() as u64).min(READ_PAGE_EVENTS_MAX);
-            let end = next.saturating_add(page);
-            let response = self
-                .etcd
-                .range(
-                    "reading the log",
-                    self.deadline(),
+        if after == u64::MAX {
+            return Ok(events);
+        }
+        let mut next = after + 1;
+        let log_end = prefix_end(&self.keys.log_prefix());
+        while (events.len() as u64) < count {
+            let wanted_last = next.saturating_add(count - events.len() as u64 - 1);
+            let span_end = key_after(&self.keys.log(wanted_last));
+            let reads = vec![
+                (
                     self.keys.log(next),
-                    self.keys.log(end),
-                    GetOptions::new().with_limit(page as i64),
-                )
-                .await?;
-            let kvs = response.kvs();
-            for kv in kvs {
-                let position = self
-                    .keys
-                    .log_position(kv.key())
-                    .ok_or_else(|| Error::Corrupt {
-                        position: Position(next),
-                        reason: "a malformed key under log/".into(),
-                    })?;
-                if position != next {
-                    return Err(Error::Corrupt {
-                        position: Position(next),
-                        reason: format!("gap in the log: the next event is at {position}"),
-                    });
+                    Some(
+                        GetOptions::new()
+                            .with_range(span_end.clone())
+                            .with_limit(READ_PAGE_BATCHES_MAX),
+                    ),
+                ),
+                (
+                    span_end,
+                    Some(GetOptions::new().with_range(log_end.clone()).with_limit(1)),
+                ),
+            ];
+            let mut results = self
+                .etcd
+                .read_many("reading the log", self.deadline(), reads)
+                .await?
+                .into_iter();
+            let within = results.next().unwrap_or_default();
+            let beyond = results.next().unwrap_or_default();
+            let page_full = within.len() as i64 >= READ_PAGE_BATCHES_MAX;
+            let batches = within.iter().chain(beyond.iter().filter(|_| !page_full));
+            let before = events.len();
+            'batches: for kv in batches {
+                for event in self.decode_batch_at(next, kv)? {
+                    if event.position.0 < next {
+                        continue;
+                    }
+                    if (events.len() as u64) >= count {
+                        break 'batches;
+                    }
+                    if event.position.0 != next {
+                        return Err(Error::Corrupt {
+                            position: Position(next),
+                            reason: format!(
+                                "gap in the log: the next event is at {}",
+                                event.position
+                            ),
+                        });
+                    }
+                    events.push(event);
+                    next += 1;
                 }
-                events.push(codec::decode(position, kv.value())?);
-                next += 1;
             }
-            if (kvs.len() as u64) < page {
+            if events.len() == before {
                 break;
             }
         }
         Ok(events)
+    }
+
+    /// The batch stored at `kv`, read while looking for position `wanted`.
+    pub(crate) fn decode_batch_at(
+        &self,
+        wanted: u64,
+        kv: &etcd_client::KeyValue,
+    ) -> Result<Vec<RecordedEvent>> {
+        let last = self
+            .keys
+            .log_position(kv.key())
+            .ok_or_else(|| Error::Corrupt {
+                position: Position(wanted),
+                reason: "a malformed key under log/".into(),
+            })?;
+        codec::decode_batch(last, kv.value())
     }
 
     pub(crate) async fn scan_inner(&self, after: u64, visit: Visitor<'_>) -> Result<Position> {
@@ -273,15 +317,15 @@ impl EtcdLog {
             }
         }
         let mut events = Vec::with_capacity(total as usize);
+        let log_end = prefix_end(&self.keys.log_prefix());
         for chunk in wanted.chunks(TXN_OPS_MAX) {
+            // An append's events are all in one batch: the one holding its first position.
             let reads = chunk
                 .iter()
-                .map(|(entry, first, last)| {
-                    let from = entry.position_of(*first).0;
-                    let to = entry.position_of(*last).0;
+                .map(|(entry, first, _)| {
                     (
-                        self.keys.log(from),
-                        Some(GetOptions::new().with_range(self.keys.log(to + 1))),
+                        self.keys.log(entry.position_of(*first).0),
+                        Some(GetOptions::new().with_range(log_end.clone()).with_limit(1)),
                     )
                 })
                 .collect();
@@ -290,17 +334,15 @@ impl EtcdLog {
                 .read_many("reading a stream", self.deadline(), reads)
                 .await?;
             for ((entry, first, last), kvs) in chunk.iter().zip(results) {
-                let mut found = Vec::with_capacity(kvs.len());
-                for kv in &kvs {
-                    let position =
-                        self.keys
-                            .log_position(kv.key())
-                            .ok_or_else(|| Error::Corrupt {
-                                position: entry.position_of(*first),
-                                reason: "a malformed key under log/".into(),
-                            })?;
-                    found.push(codec::decode(position, kv.value())?);
-                }
+                let from = entry.position_of(*first);
+                let batch = match kvs.first() {
+                    Some(kv) => self.decode_batch_at(from.0, kv)?,
+                    None => Vec::new(),
+                };
+                let mut found: Vec<RecordedEvent> = batch
+                    .into_iter()
+                    .filter(|e| e.position >= from && e.position <= entry.position_of(*last))
+                    .collect();
                 for (offset, revision) in (*first..=*last).enumerate() {
                     let position = entry.position_of(revision);
                     let event = found.get(offset).filter(|e| {
@@ -316,7 +358,7 @@ impl EtcdLog {
                     }
                 }
                 match direction {
-                    Direction::Forward => events.extend(found),
+                    Direction::Forward => events.append(&mut found),
                     Direction::Backward => events.extend(found.into_iter().rev()),
                 }
             }

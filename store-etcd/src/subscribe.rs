@@ -2,10 +2,10 @@
 //! position-numbered keys and then followed live through an etcd watch on `log/`, with no gap and
 //! no repeat across the switch.
 //!
-//! 1. List `log/<delivered+1>..` in pages; the page that reaches the end carries the revision R
-//!    it was read at.
-//! 2. Watch `log/` from R + 1: everything committed after that read arrives, in commit order
-//!    (the events of one transaction in op order, which is position order).
+//! 1. List `log/<delivered+1>..` in pages (batches: one per committed transaction, keyed by its
+//!    last position, so the first one holds `delivered + 1`); the page that reaches the end
+//!    carries the revision R it was read at.
+//! 2. Watch `log/` from R + 1: every batch committed after that read arrives, in commit order.
 //! 3. Deliver only position `delivered + 1`; anything at or below `delivered` was already
 //!    delivered and is dropped. A jump, a broken stream, a cancelled watch (compaction, lost
 //!    leader) or an unreachable member sends it back to step 1 from `delivered`.
@@ -28,8 +28,8 @@ use crate::codec;
 use crate::etcd::Etcd;
 use crate::keys::{Keys, prefix_end};
 
-/// Events read per catch-up request.
-const CATCH_UP_PAGE_EVENTS_MAX: i64 = 256;
+/// Batches read per catch-up request (each holds one committed transaction's events).
+const CATCH_UP_PAGE_BATCHES_MAX: i64 = 16;
 /// Events buffered between the watch and the reader.
 const BUFFER_EVENTS_MAX: usize = 4096;
 /// Pause before listing again after a failure.
@@ -132,6 +132,51 @@ async fn deliver(sender: &SyncSender<Result<RecordedEvent>>, item: Result<Record
     }
 }
 
+/// What to do after a batch.
+enum Next {
+    Continue,
+    /// The reader is gone, or damage was delivered.
+    Stop,
+    /// The batch starts after `delivered + 1`, or its key is not a batch's.
+    Relist,
+}
+
+/// Delivers the events of the batch at `kv` after `delivered` (earlier ones were delivered).
+async fn deliver_batch(
+    keys: &Keys,
+    sender: &SyncSender<Result<RecordedEvent>>,
+    kv: &etcd_client::KeyValue,
+    delivered: &mut u64,
+) -> Next {
+    let Some(last) = keys.log_position(kv.key()) else {
+        return Next::Relist;
+    };
+    if last <= *delivered {
+        return Next::Continue;
+    }
+    let events = match codec::decode_batch(last, kv.value()) {
+        Ok(events) => events,
+        Err(err) => {
+            deliver(sender, Err(err)).await;
+            return Next::Stop;
+        }
+    };
+    for event in events {
+        if event.position.0 <= *delivered {
+            continue;
+        }
+        if event.position.0 != *delivered + 1 {
+            return Next::Relist;
+        }
+        let position = event.position.0;
+        if !deliver(sender, Ok(event)).await {
+            return Next::Stop;
+        }
+        *delivered = position;
+    }
+    Next::Continue
+}
+
 async fn follow_log(
     etcd: Etcd,
     keys: Keys,
@@ -153,7 +198,7 @@ async fn follow_log(
                     deadline,
                     keys.log(delivered + 1),
                     end.clone(),
-                    GetOptions::new().with_limit(CATCH_UP_PAGE_EVENTS_MAX),
+                    GetOptions::new().with_limit(CATCH_UP_PAGE_BATCHES_MAX),
                 )
                 .await;
             let page = match page {
@@ -165,22 +210,24 @@ async fn follow_log(
                 }
             };
             for kv in page.kvs() {
-                let item = match keys.log_position(kv.key()) {
-                    Some(position) if position == delivered + 1 => {
-                        codec::decode(position, kv.value())
+                match deliver_batch(&keys, &sender, kv, &mut delivered).await {
+                    Next::Continue => {}
+                    Next::Stop => return,
+                    // One read saw a batch that does not follow the last: the log is damaged.
+                    Next::Relist => {
+                        deliver(
+                            &sender,
+                            Err(Error::Corrupt {
+                                position: Position(delivered + 1),
+                                reason: "gap in the log while catching up".into(),
+                            }),
+                        )
+                        .await;
+                        return;
                     }
-                    _ => Err(Error::Corrupt {
-                        position: Position(delivered + 1),
-                        reason: "gap in the log while catching up".into(),
-                    }),
-                };
-                let failed = item.is_err();
-                if !deliver(&sender, item).await || failed {
-                    return;
                 }
-                delivered += 1;
             }
-            if (page.kvs().len() as i64) < CATCH_UP_PAGE_EVENTS_MAX {
+            if (page.kvs().len() as i64) < CATCH_UP_PAGE_BATCHES_MAX {
                 revision = Some(page.header().map_or(0, |h| h.revision()));
             }
         }
@@ -204,18 +251,11 @@ async fn follow_log(
                     if event.event_type() != EventType::Put {
                         continue;
                     }
-                    match keys.log_position(kv.key()) {
-                        Some(position) if position <= delivered => {}
-                        Some(position) if position == delivered + 1 => {
-                            let item = codec::decode(position, kv.value());
-                            let failed = item.is_err();
-                            if !deliver(&sender, item).await || failed {
-                                return;
-                            }
-                            delivered = position;
-                        }
+                    match deliver_batch(&keys, &sender, kv, &mut delivered).await {
+                        Next::Continue => {}
+                        Next::Stop => return,
                         // A jump (or a stray key): list again from what was delivered.
-                        _ => break 'live,
+                        Next::Relist => break 'live,
                     }
                 }
             }

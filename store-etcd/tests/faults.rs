@@ -323,6 +323,67 @@ fn two_servers_share_one_log() {
     assert_eq!(ids.len() as u64, total, "no event twice");
 }
 
+/// An append committed through one server and retried through another (as a client does after
+/// a lost answer and a failover) is replayed with its original positions, and its ids proposed
+/// on another stream are refused, while both committers are busy with groups of their own: no
+/// transaction compares event ids, each committer reads them before deciding, and that read is
+/// trusted only at a head of its own commits.
+#[test]
+fn ids_committed_through_one_server_are_replayed_or_refused_by_another() {
+    let options = support::cluster().options(&support::namespace("ids-two-servers"));
+    let servers = [
+        Arc::new(EtcdLog::open(options.clone()).expect("open a")),
+        Arc::new(EtcdLog::open(options).expect("open b")),
+    ];
+    let rounds = 30u64;
+    let writers = 8u64;
+    let handles: Vec<_> = (0..writers)
+        .map(|w| {
+            let servers = servers.clone();
+            thread::spawn(move || {
+                let stream = format!("ids/{w}");
+                for i in 0..rounds {
+                    let first = &servers[((w + i) % 2) as usize];
+                    let other = &servers[((w + i + 1) % 2) as usize];
+                    let request = AppendRequest::new(
+                        stream.clone(),
+                        ExpectedRevision::Any,
+                        vec![event(b"x")],
+                    );
+                    let original = first.append(request.clone()).expect("append");
+                    assert!(!original.replayed);
+                    let retried = other.append(request.clone()).expect("retry");
+                    assert!(retried.replayed, "writer {w} round {i}: a replay");
+                    assert_eq!(
+                        (retried.first_position, retried.first_revision),
+                        (original.first_position, original.first_revision)
+                    );
+                    let mut elsewhere = request;
+                    elsewhere.stream = format!("ids/{w}/elsewhere");
+                    assert!(
+                        matches!(other.append(elsewhere), Err(Error::EventIdReused { .. })),
+                        "writer {w} round {i}: the reused id is refused"
+                    );
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("writer");
+    }
+    let total = writers * rounds;
+    let log = &servers[0];
+    assert_eq!(
+        log.wait_for(Position(total), Duration::from_secs(10))
+            .unwrap(),
+        Position(total)
+    );
+    assert_eq!(log.verify(&accept_all).unwrap().events, total);
+    let all = log.read_all(Position(0), 10_000).unwrap();
+    let ids: HashSet<Uuid> = all.iter().map(|e| e.id).collect();
+    assert_eq!(ids.len() as u64, total, "no event twice");
+}
+
 /// Compacting etcd's history (as Kubernetes' apiserver does every 5 minutes) removes nothing
 /// the log needs: reads, verify, a new server's open and its head watch all still work.
 #[test]
