@@ -7,8 +7,11 @@
 //! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5    # 64 clients, 5 s each
 //! ```
 //!
-//! Prints, per concurrency: requests/s, p50 and p99 latency for creates and for updates, and
-//! the log's durable single-event appends/s, and the gateway/log ratio.
+//! Prints, per concurrency: requests/s, p50 and p99 latency for creates and for updates, the
+//! processor time the whole process spent per request with, in brackets, the part the load
+//! clients' own threads spent (the rest is the server's) — figures that hold still when other
+//! work shares the machine — and the log's durable single-event appends/s, and the
+//! gateway/log ratio.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,11 +44,73 @@ struct Phase {
     seconds: f64,
     p50: Duration,
     p99: Duration,
+    /// Processor time of this whole process (server and clients) per request.
+    cpu_per_op: Duration,
+    /// The part of it the load clients' own threads spent.
+    client_cpu_per_op: Duration,
+}
+
+/// Name of the load clients' runtime threads (the server's keep tokio's default name).
+const CLIENT_THREADS: &str = "load-client";
+
+/// Processor time so far of this process's threads named [`CLIENT_THREADS`] (from
+/// `/proc/self/task/*/stat`; zero where that is not readable).
+fn client_threads_cpu() -> Duration {
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let mut total = 0u64;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ..." : comm may hold spaces, so split at the last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        if !stat[open + 1..close].starts_with(CLIENT_THREADS) {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // utime and stime: fields 14 and 15 of stat, here 11 and 12 (the state is 0).
+        let time = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        total += time(11) + time(12);
+    }
+    Duration::from_micros(total * 1_000_000 / ticks)
+}
+
+/// User + system processor time of this process so far.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage writes into the zeroed struct we pass and reads nothing else.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 impl Phase {
     fn rate(&self) -> f64 {
         self.ops as f64 / self.seconds
+    }
+
+    /// "total (of which clients)" processor µs per request.
+    fn cpu(&self) -> String {
+        format!(
+            "{} ({})",
+            self.cpu_per_op.as_micros(),
+            self.client_cpu_per_op.as_micros()
+        )
     }
 }
 
@@ -59,6 +124,8 @@ async fn drive(
 ) -> Phase {
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
+    let cpu_before = process_cpu();
+    let client_cpu_before = client_threads_cpu();
     let mut tasks = Vec::new();
     for c in 0..clients {
         let mut client =
@@ -100,12 +167,17 @@ async fn drive(
         all.extend(t.await.unwrap_or_default());
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = process_cpu().saturating_sub(cpu_before);
+    let client_cpu = client_threads_cpu().saturating_sub(client_cpu_before);
     all.sort();
+    let ops = u32::try_from(all.len().max(1)).unwrap_or(u32::MAX);
     Phase {
         ops: all.len(),
         seconds,
         p50: percentile(&all, 0.5),
         p99: percentile(&all, 0.99),
+        cpu_per_op: cpu / ops,
+        client_cpu_per_op: client_cpu / ops,
     }
 }
 
@@ -177,6 +249,7 @@ fn main() -> anyhow::Result<()> {
         metrics_listen: None,
         etcd_endpoints: Vec::new(),
         etcd_prefix: "vmplane".into(),
+        etcd_max_txn_ops: 128,
         leader_lease_seconds: 5,
         // The control plane alone: no reconciler competing for the cores.
         hypervisor: vec!["none".into()],
@@ -186,6 +259,7 @@ fn main() -> anyhow::Result<()> {
     }));
 
     let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name(CLIENT_THREADS)
         .enable_all()
         .build()?;
     client_rt.block_on(async {
@@ -201,22 +275,34 @@ fn main() -> anyhow::Result<()> {
             channels.push(ch);
         }
         println!(
-            "{:>7} | {:>10} {:>9} {:>9} | {:>10} {:>9} {:>9} | {:>12} | {:>6}",
-            "clients", "creates/s", "p50", "p99", "updates/s", "p50", "p99", "log appends/s", "ratio"
+            "{:>7} | {:>10} {:>9} {:>9} {:>14} | {:>10} {:>9} {:>9} {:>14} | {:>12} | {:>6}",
+            "clients",
+            "creates/s",
+            "p50",
+            "p99",
+            "cpu µs/op (cl)",
+            "updates/s",
+            "p50",
+            "p99",
+            "cpu µs/op (cl)",
+            "log appends/s",
+            "ratio"
         );
         for (round, &clients) in levels.iter().enumerate() {
             let create = drive(&channels, clients, run, false, round).await;
             let update = drive(&channels, clients, run, true, round).await;
             let log = tokio::task::spawn_blocking(move || log_baseline(clients, run)).await?;
             println!(
-                "{:>7} | {:>10.0} {:>9.2?} {:>9.2?} | {:>10.0} {:>9.2?} {:>9.2?} | {:>12.0} | {:>5.2}x",
+                "{:>7} | {:>10.0} {:>9.2?} {:>9.2?} {:>14} | {:>10.0} {:>9.2?} {:>9.2?} {:>14} | {:>12.0} | {:>5.2}x",
                 clients,
                 create.rate(),
                 create.p50,
                 create.p99,
+                create.cpu(),
                 update.rate(),
                 update.p50,
                 update.p99,
+                update.cpu(),
                 log,
                 create.rate() / log
             );

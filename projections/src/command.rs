@@ -5,13 +5,14 @@
 //! [`CommandOptions::decide_retries_max`] times).
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rand::RngCore;
 use uuid::Uuid;
 use vmplane_core::types::{Kind, Manifest};
 use vmplane_core::{
-    Ctx, Decision, ObjectCommand, Outcome, Rejection, VmCommand, VmiCommand, object, vm, vmi,
+    Ctx, Decision, Event, ObjectCommand, Outcome, Rejection, VmCommand, VmiCommand, object, vm, vmi,
 };
 use vmplane_store::{
     AppendRequest, AppendResult, EventLog, ExpectedRevision, Position, ProposedEvent,
@@ -245,7 +246,7 @@ impl CommandHandler {
     }
 
     /// [`CommandHandler::execute`], also returning the stream's state as the command left it
-    /// (folded from the appended events as the log recorded them, and kept in the state cache
+    /// (the appended events folded into the state they were decided on, and kept in the state cache
     /// so the next command on the stream starts from it). `None` when nothing was appended by
     /// this call (an unchanged object, an idempotent retry) or the events could not be read
     /// back: the caller then reads the object at [`Executed::position`] instead.
@@ -288,13 +289,13 @@ impl CommandHandler {
                 };
                 return Ok((done, None));
             }
-            let generation_after = {
-                let mut after = snapshot.state.clone();
-                for event in &decision.events {
-                    after.evolve(event);
-                }
-                after.generation()
-            };
+            // The state this decision leads to, folded once: it gives the reply's generation
+            // and, once the append has placed the events, the state cache's next entry.
+            let mut after = Snapshot::clone(&snapshot);
+            for event in &decision.events {
+                after.state.evolve(event);
+            }
+            let generation_after = after.state.generation();
             let request = to_request(&stream, revision, &decision, meta, correlation_id);
             match self.log.append(request) {
                 Ok(append) => {
@@ -308,7 +309,14 @@ impl CommandHandler {
                         attempts,
                     };
                     self.remember(meta.request_id, &done);
-                    let after = self.state_after(&done.stream, kind, &snapshot, &append);
+                    let after = self.state_after(
+                        &done.stream,
+                        kind,
+                        &snapshot,
+                        after,
+                        &decision.events,
+                        &append,
+                    );
                     return Ok((done, after));
                 }
                 Err(vmplane_store::Error::Conflict { .. })
@@ -471,16 +479,18 @@ impl CommandHandler {
         }
     }
 
-    /// `before` (the state a decision was made on) with the events `append` wrote folded in,
-    /// read back from the log by position — the same fold a later read does, without finding
-    /// the stream's events through its index. Cached for the next command on the stream.
-    /// `None` if the append did not follow `before` directly or a read fails (the caller falls
-    /// back to an ordinary read).
+    /// `after` (`before` with the decided `events` folded in) placed where `append` wrote
+    /// them: the position and times are read back from the log (a zero-copy scan of the
+    /// appended positions; nothing is decoded or folded again). Cached for the next command on
+    /// the stream. `None` if the append did not follow `before` directly, the log holds other
+    /// events there or the read fails (the caller falls back to an ordinary read).
     fn state_after(
         &self,
         stream: &str,
         kind: Kind,
         before: &Snapshot,
+        mut after: Snapshot,
+        events: &[Event],
         append: &AppendResult,
     ) -> Option<Arc<Snapshot>> {
         if append.replayed || append.first_revision != before.state.revision() + 1 {
@@ -491,23 +501,44 @@ impl CommandHandler {
             .0
             .checked_sub(append.first_position.0)?
             + 1;
-        let events = self
-            .log
-            .read_all(
-                Position(append.first_position.0 - 1),
-                usize::try_from(count).ok()?,
-            )
-            .ok()?;
         if events.len() as u64 != count {
             return None;
         }
-        let mut after = before.clone();
-        for event in &events {
-            if event.stream != stream {
-                return None;
-            }
-            after.apply(&event.as_ref()).ok()?;
+        // Where and when the log placed each event: the fold itself was done from the very
+        // events appended, so nothing is decoded again.
+        let mut placed: Vec<(u64, i64)> = Vec::with_capacity(events.len());
+        let mut foreign = false;
+        self.log
+            .scan(Position(append.first_position.0 - 1), &mut |event| {
+                if event.stream != stream {
+                    foreign = true;
+                    return ControlFlow::Break(());
+                }
+                placed.push((event.revision, event.recorded_at.0));
+                if event.position >= append.last_position {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .ok()?;
+        let revisions_match = placed
+            .iter()
+            .zip(append.first_revision..)
+            .all(|((revision, _), expected)| *revision == expected);
+        if foreign || placed.len() != events.len() || !revisions_match {
+            return None;
         }
+        for (event, (_, recorded_at)) in events.iter().zip(&placed) {
+            if matches!(
+                event,
+                Event::VmCreated(_) | Event::VmiCreated(_) | Event::ObjectCreated(_)
+            ) {
+                after.created_at_ns = Some(*recorded_at);
+            }
+            after.recorded_at_ns = *recorded_at;
+        }
+        after.position = append.last_position;
         let after = Arc::new(after);
         self.cache.put(stream, kind, Arc::clone(&after));
         Some(after)
