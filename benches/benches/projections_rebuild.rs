@@ -22,7 +22,14 @@ use vmplane_projections::{At, ProjectionOptions, Projections};
 use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, Position, ProposedEvent, SledLog};
 
 const EVENTS: u64 = 1_000_000;
+/// `VMPLANE_BENCH_QUICK=1`: a fifth of the events and shorter measurements (the same shapes,
+/// so same-run ratios stay comparable), for a quick look while changing the code.
+const QUICK_EVENTS: u64 = 200_000;
 const EVENTS_PER_VM: u64 = 100;
+
+fn quick() -> bool {
+    std::env::var_os("VMPLANE_BENCH_QUICK").is_some_and(|v| v != "0")
+}
 const TIME_TRAVEL_REVISIONS: u64 = 10_000;
 
 fn manifest(ns: &str, name: &str, memory: u64) -> String {
@@ -104,19 +111,24 @@ fn no_checkpoints() -> ProjectionOptions {
 }
 
 fn rebuild(c: &mut Criterion) {
+    let events = if quick() { QUICK_EVENTS } else { EVENTS };
     let dir = tempfile::tempdir().expect("temp dir");
     let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("log")).expect("open"));
-    fill(log.as_ref(), EVENTS / EVENTS_PER_VM, EVENTS_PER_VM);
-    assert_eq!(log.head(), Position(EVENTS));
+    fill(log.as_ref(), events / EVENTS_PER_VM, EVENTS_PER_VM);
+    assert_eq!(log.head(), Position(events));
     let projections =
         Projections::open(Arc::clone(&log), dir.path(), no_checkpoints()).expect("open");
 
-    let mut group = c.benchmark_group("projections_rebuild_1M");
+    let mut group = c.benchmark_group(if quick() {
+        "projections_rebuild_200k_quick"
+    } else {
+        "projections_rebuild_1M"
+    });
     group
         .sample_size(10)
-        .measurement_time(Duration::from_secs(10))
-        .warm_up_time(Duration::from_secs(2));
-    group.throughput(Throughput::Elements(EVENTS));
+        .measurement_time(Duration::from_secs(if quick() { 3 } else { 10 }))
+        .warm_up_time(Duration::from_secs(if quick() { 1 } else { 2 }));
+    group.throughput(Throughput::Elements(events));
     group.bench_function("baseline_store_scan", |b| {
         b.iter(|| {
             let mut sum = 0u64;
@@ -147,8 +159,8 @@ fn rebuild(c: &mut Criterion) {
     black_box(view);
     println!(
         "restart_with_checkpoint: {} streams, {} events: open + first read {:.1} ms",
-        EVENTS / EVENTS_PER_VM,
-        EVENTS,
+        events / EVENTS_PER_VM,
+        events,
         restart.as_secs_f64() * 1e3
     );
 }
@@ -185,6 +197,11 @@ fn time_travel(c: &mut Criterion) {
         Projections::open(Arc::clone(&log), dir.path(), no_checkpoints()).expect("open");
     let mut rng = rand::thread_rng();
     let mut group = c.benchmark_group("projections_time_travel");
+    if quick() {
+        group
+            .measurement_time(Duration::from_secs(2))
+            .warm_up_time(Duration::from_secs(1));
+    }
     group.bench_function("vm_at_random_revision_of_10000_warm", |b| {
         b.iter(|| {
             let r = rng.gen_range(1..=TIME_TRAVEL_REVISIONS);

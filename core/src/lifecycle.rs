@@ -304,12 +304,14 @@ pub struct Condition {
 impl Condition {
     /// `{type, status, reason, message}` as KubeVirt writes it.
     pub fn to_json(&self) -> Value {
-        json!({
-            "type": self.kind,
-            "status": if self.status { "True" } else { "False" },
-            "reason": self.reason,
-            "message": self.message,
-        })
+        // Built at its final size (`json!` grows a map one key at a time).
+        let mut map = serde_json::Map::with_capacity(4);
+        map.insert("type".into(), Value::String(self.kind.to_owned()));
+        let status = if self.status { "True" } else { "False" };
+        map.insert("status".into(), Value::String(status.to_owned()));
+        map.insert("reason".into(), Value::String(self.reason.clone()));
+        map.insert("message".into(), Value::String(self.message.clone()));
+        Value::Object(map)
     }
 }
 
@@ -424,14 +426,33 @@ pub fn conditions(s: &VmState, features: &Features, now_ms: i64) -> Vec<Conditio
 /// row 14) with uid, generation and a derived status. `resourceVersion` (a log position) and
 /// `creationTimestamp` are the caller's to add. `None` if the VM does not exist.
 pub fn render(s: &VmState, features: &Features, now_ms: i64) -> Option<VirtualMachine> {
-    if s.existence != Existence::Live {
-        return None;
-    }
+    let status = render_status(s, features, now_ms)?;
+    let mut vm = render_object(s)?;
+    vm.status = Some(status);
+    Some(vm)
+}
+
+/// The stored part of [`render`]: the VM object with its uid and generation, without a
+/// status. It changes only with the object, its uid or its generation, so a caller that
+/// renders many states of one VM (time travel) may serialize it once and add each state's
+/// [`render_status`]. `None` if no VM object is stored.
+pub fn render_object(s: &VmState) -> Option<VirtualMachine> {
     let mut vm = VirtualMachine::clone(s.vm.as_deref()?);
     vm.metadata.uid = s.uid.map(|u| u.to_string());
     vm.metadata.generation = i64::try_from(s.generation).ok();
+    vm.status = None;
+    Some(vm)
+}
+
+/// The derived `status` of [`render`] (printableStatus, conditions, run strategy, firmware
+/// origin, captured revisions, generations, start failures). `None` if the VM does not exist.
+pub fn render_status(s: &VmState, features: &Features, now_ms: i64) -> Option<Value> {
+    if s.existence != Existence::Live {
+        return None;
+    }
     let vmi = s.run.vmi.as_ref();
-    let mut status = serde_json::Map::new();
+    // Sized for every key it may get: growing a map reallocates its entries and its index.
+    let mut status = serde_json::Map::with_capacity(12);
     status.insert(
         "printableStatus".into(),
         json!(printable_status(s, features, now_ms).as_str()),
@@ -474,8 +495,7 @@ pub fn render(s: &VmState, features: &Features, now_ms: i64) -> Option<VirtualMa
             json!({"consecutiveFailCount": s.run.consecutive_failures, "retryAfterTimestampMs": s.run.backoff_until_ms}),
         );
     }
-    vm.status = Some(Value::Object(status));
-    Some(vm)
+    Some(Value::Object(status))
 }
 
 /// The VM's current VMI as `get vmi <name>` shows it: named like the VM, with the expanded

@@ -32,9 +32,9 @@ pub struct CacheOptions {
 impl Default for CacheOptions {
     fn default() -> CacheOptions {
         CacheOptions {
-            snapshot_every_revisions: 16,
+            snapshot_every_revisions: 8,
             streams_max: 10_000,
-            snapshots_per_stream_max: 1024,
+            snapshots_per_stream_max: 2048,
         }
     }
 }
@@ -204,15 +204,21 @@ impl StateCache {
         let every = self.options.snapshot_every_revisions;
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let tick = inner.tick;
-        let cached = inner
-            .streams
-            .entry(stream.to_owned())
-            .or_insert_with(|| CachedStream {
-                kind,
-                snapshots: BTreeMap::new(),
-                latest: None,
-                used: tick,
-            });
+        // Looked up first: the stream is usually cached already, and `entry` takes an owned key.
+        if !inner.streams.contains_key(stream) {
+            inner.streams.insert(
+                stream.to_owned(),
+                CachedStream {
+                    kind,
+                    snapshots: BTreeMap::new(),
+                    latest: None,
+                    used: tick,
+                },
+            );
+        }
+        let Some(cached) = inner.streams.get_mut(stream) else {
+            return;
+        };
         if cached.kind != kind {
             cached.kind = kind;
             cached.snapshots.clear();

@@ -2,7 +2,11 @@
 //! core's aggregate states), and [`Snapshot`] (a state plus what rendering needs: the position
 //! and time of its last event and when the current life began).
 
-use vmplane_core::types::Kind;
+use std::sync::{Arc, OnceLock};
+
+use serde_json::Value;
+use uuid::Uuid;
+use vmplane_core::types::{Kind, VirtualMachine};
 use vmplane_core::{
     CloneState, Event, ObjectState, RestoreState, SnapshotState, VmState, VmiState, clone, object,
     restore, snapshot, vm, vmi,
@@ -171,6 +175,88 @@ impl AggState {
     }
 }
 
+/// A VM state's stored object serialized once ([`vmplane_core::lifecycle::render_object`] with
+/// a `status` placeholder where the status goes), for the states folded from one snapshot to
+/// share: rendering one of them clones this tree instead of cloning the typed VM and
+/// serializing it again. It is a cache of a pure function of `(vm, uid, generation)`, which it
+/// records and is checked against before use; [`Snapshot::apply`] starts a new one when a
+/// fold changes any of them.
+#[derive(Clone, Default)]
+pub(crate) struct VmJson(Arc<OnceLock<VmJsonEntry>>);
+
+struct VmJsonEntry {
+    vm: Arc<VirtualMachine>,
+    uid: Option<Uuid>,
+    generation: u64,
+    object: Value,
+}
+
+impl VmJson {
+    /// The object of `state` rendered without its status, whose value is `null` (the key is
+    /// in place, so the caller's status lands where serializing the whole VM puts it). `None`
+    /// if no VM object is stored.
+    pub(crate) fn object(&self, state: &VmState) -> Option<Value> {
+        let vm = state.vm.as_ref()?;
+        let entry = self.0.get_or_init(|| VmJsonEntry {
+            vm: Arc::clone(vm),
+            uid: state.uid,
+            generation: state.generation,
+            object: serialize_with_status_slot(state).unwrap_or(Value::Null),
+        });
+        if entry.matches(state) && !entry.object.is_null() {
+            Some(entry.object.clone())
+        } else {
+            serialize_with_status_slot(state)
+        }
+    }
+
+    /// Whether a fold from `before` to `after` leaves the memo valid.
+    fn still_valid(before: &VmKey, after: &VmState) -> bool {
+        before.0 == after.vm.as_ref().map(Arc::as_ptr)
+            && before.1 == after.uid
+            && before.2 == after.generation
+    }
+}
+
+type VmKey = (Option<*const VirtualMachine>, Option<Uuid>, u64);
+
+fn vm_key(state: &AggState) -> Option<VmKey> {
+    match state {
+        AggState::Vm(s) => Some((s.vm.as_ref().map(Arc::as_ptr), s.uid, s.generation)),
+        _ => None,
+    }
+}
+
+impl VmJsonEntry {
+    fn matches(&self, state: &VmState) -> bool {
+        state
+            .vm
+            .as_ref()
+            .is_some_and(|vm| Arc::ptr_eq(vm, &self.vm))
+            && state.uid == self.uid
+            && state.generation == self.generation
+    }
+}
+
+fn serialize_with_status_slot(state: &VmState) -> Option<Value> {
+    let mut vm = vmplane_core::lifecycle::render_object(state)?;
+    vm.status = Some(Value::Null);
+    serde_json::to_value(&vm).ok()
+}
+
+impl PartialEq for VmJson {
+    /// A cache: never part of what a snapshot is.
+    fn eq(&self, _: &VmJson) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for VmJson {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("VmJson")
+    }
+}
+
 /// A stream's state at one revision, with what rendering it needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
@@ -182,6 +268,8 @@ pub struct Snapshot {
     pub recorded_at_ns: i64,
     /// When the current (or last) life of the name was created (ns since the epoch).
     pub created_at_ns: Option<i64>,
+    /// The VM object serialized once for the states that share it (VM streams only).
+    pub(crate) vm_json: VmJson,
 }
 
 impl Snapshot {
@@ -193,6 +281,7 @@ impl Snapshot {
             position: Position(0),
             recorded_at_ns: 0,
             created_at_ns: None,
+            vm_json: VmJson::default(),
         }
     }
 
@@ -216,7 +305,13 @@ impl Snapshot {
         ) {
             self.created_at_ns = Some(event.recorded_at.0);
         }
+        let before = vm_key(&self.state);
         self.state.evolve(&decoded);
+        if let (Some(before), AggState::Vm(after)) = (before, &self.state)
+            && !VmJson::still_valid(&before, after)
+        {
+            self.vm_json = VmJson::default();
+        }
         self.position = event.position;
         self.recorded_at_ns = event.recorded_at.0;
         Ok(())

@@ -18,7 +18,7 @@ use crate::cache::{CacheOptions, StateCache};
 use crate::checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{AggState, Snapshot, stream_of};
-use crate::readmodel::{ModelData, ReadModel};
+use crate::readmodel::{ModelData, NameKey, ReadModel};
 use crate::render::{ObjectView, render};
 
 /// The checkpoint name of the current-state read model.
@@ -290,10 +290,11 @@ impl Projections {
         // after it is released (catch-up is not held up by the disk).
         let (position, hash, body) = {
             let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+            let hash = model.applied_hash(self.log.as_ref())?;
             (
                 model.applied().0,
-                model.applied_hash(),
-                checkpoint::encode(READ_MODEL, &model.persisted())?,
+                hash,
+                checkpoint::encode(READ_MODEL, &model.persisted(&hash))?,
             )
         };
         checkpoint::write_encoded(path, READ_MODEL, position, &hash, &body)?;
@@ -434,7 +435,7 @@ impl Projections {
             let Some(entry) = model.entry(&stream) else {
                 return Ok(None);
             };
-            if kind == Kind::KubeVirt && !name.is_empty() && entry.name != name {
+            if kind == Kind::KubeVirt && !name.is_empty() && entry.name() != name {
                 return Ok(None);
             }
             let revision = match at {
@@ -552,9 +553,10 @@ impl Projections {
             };
             for k in kinds {
                 let ki = Kind::ALL.iter().position(|x| x == k).unwrap_or(0) as u8;
-                let lo = (ki, namespace.unwrap_or("").to_owned(), String::new());
-                for ((kx, ns, name), idx) in model.by_name.range(lo..) {
-                    if *kx != ki || namespace.is_some_and(|n| n != ns) {
+                let lo = NameKey::new(ki, namespace.unwrap_or(""), "");
+                for (key, idx) in model.by_name.range(lo..) {
+                    let (ns, name) = (key.namespace(), key.name());
+                    if key.kind != ki || namespace.is_some_and(|n| n != ns) {
                         break;
                     }
                     let Some(entry) = model.entry_at(*idx) else {
@@ -567,8 +569,8 @@ impl Projections {
                         continue;
                     }
                     wanted.push((
-                        (ns.clone(), name.clone()),
-                        entry.stream.clone(),
+                        (ns.to_owned(), name.to_owned()),
+                        entry.stream.to_string(),
                         *k,
                         entry.revision(),
                     ));
@@ -604,10 +606,10 @@ impl Projections {
             let ki = Kind::ALL.iter().position(|x| *x == kind).unwrap_or(0) as u8;
             model
                 .by_name
-                .range((ki, String::new(), String::new())..)
-                .take_while(|((k, _, _), _)| *k == ki)
+                .range(NameKey::new(ki, "", "")..)
+                .take_while(|(key, _)| key.kind == ki)
                 .filter_map(|(_, idx)| model.entry_at(*idx))
-                .map(|e| (e.stream.clone(), e.revision()))
+                .map(|e| (e.stream.to_string(), e.revision()))
                 .collect()
         };
         wanted
@@ -666,9 +668,9 @@ fn object_ref(model: &ReadModel, idx: u32) -> Option<ObjectRef> {
     let entry = model.entry_at(idx)?;
     Some(ObjectRef {
         kind: entry.kind(),
-        namespace: entry.namespace.clone(),
-        name: entry.name.clone(),
-        stream: entry.stream.clone(),
+        namespace: entry.namespace().map(str::to_owned),
+        name: entry.name().to_owned(),
+        stream: entry.stream.to_string(),
     })
 }
 
@@ -684,7 +686,7 @@ fn sorted_refs(model: &ReadModel, idxs: Vec<u32>) -> Vec<ObjectRef> {
 /// Applies every event after `from` to `model` with the log's zero-copy scan.
 fn scan_into(log: &dyn EventLog, model: &mut ReadModel, from: Position) -> Result<Position> {
     let mut failure = None;
-    log.scan(from, &mut |event| {
+    let scanned = log.scan(from, &mut |event| {
         fail::fail_point!("projections::apply", |_| {
             failure = Some(Error::Invalid {
                 reason: format!(
@@ -701,7 +703,10 @@ fn scan_into(log: &dyn EventLog, model: &mut ReadModel, from: Position) -> Resul
                 ControlFlow::Break(())
             }
         }
-    })?;
+    });
+    // Whatever stopped the fold, the entries it made are named before the model is read.
+    model.flush_names();
+    scanned?;
     if let Some(e) = failure {
         return Err(e);
     }

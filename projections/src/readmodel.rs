@@ -8,6 +8,7 @@
 //! the queries over those indexes (and the digest) settle dirty entries first.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -40,21 +41,24 @@ pub(crate) struct Derived {
     pub preference: Option<RevisionRef>,
 }
 
-/// What the read model knows of one stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What the read model knows of one stream. Its namespace and name are those its stream's
+/// name says (not kept twice), but for a cluster config named in its payload (`renamed`); the
+/// stream's name is shared with the stream index. Serialized (checkpoint, digest) with every
+/// field spelled out, as [`EntryData`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
-    pub stream: String,
+    pub stream: Arc<str>,
     /// Index into `Kind::ALL`.
     pub kind: u8,
-    pub namespace: Option<String>,
-    pub name: String,
+    /// The name, when it is not the one the stream's name says.
+    renamed: Option<String>,
     /// Events in the stream (its revision).
     pub revisions: u64,
     /// Where its revisions are in the log, as runs of consecutive positions: `(r, p)` says
     /// revision `r` is at position `p`, `r + 1` at `p + 1`, … up to the next run's first
     /// revision (or `revisions`). Events appended together form one run, so a stream's
-    /// positions cost one pair per append, not one per event.
-    pub runs: Vec<(u64, u64)>,
+    /// positions cost one pair per append, not one per event. The first run is kept inline.
+    pub runs: Runs,
     pub live: bool,
     pub uid: Option<Uuid>,
     pub firmware: Option<Uuid>,
@@ -63,7 +67,119 @@ pub(crate) struct Entry {
     pub dirty: bool,
 }
 
+/// A stream's runs of positions (see [`Entry::runs`]).
+pub(crate) type Runs = smallvec::SmallVec<[(u64, u64); 1]>;
+
+/// An [`Entry`] as checkpoints and the digest spell it (the read model's format: the same
+/// fields in the same order as ever).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename = "Entry")]
+struct EntryData<S, N, R, D> {
+    stream: S,
+    kind: u8,
+    namespace: Option<N>,
+    name: N,
+    revisions: u64,
+    runs: R,
+    live: bool,
+    uid: Option<Uuid>,
+    firmware: Option<Uuid>,
+    derived: D,
+    dirty: bool,
+}
+
+impl Serialize for Entry {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        EntryData {
+            stream: &*self.stream,
+            kind: self.kind,
+            namespace: self.namespace(),
+            name: self.name(),
+            revisions: self.revisions,
+            runs: self.runs.as_slice(),
+            live: self.live,
+            uid: self.uid,
+            firmware: self.firmware,
+            derived: &self.derived,
+            dirty: self.dirty,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Entry {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Entry, D::Error> {
+        let data =
+            EntryData::<String, String, Vec<(u64, u64)>, Derived>::deserialize(deserializer)?;
+        let Some(parsed) = parse_stream(&data.stream) else {
+            return Err(serde::de::Error::custom(format!(
+                "entry of an unknown stream {}",
+                data.stream
+            )));
+        };
+        if parsed.namespace != data.namespace.as_deref() {
+            return Err(serde::de::Error::custom(format!(
+                "entry of stream {} has namespace {:?}",
+                data.stream, data.namespace
+            )));
+        }
+        let renamed = (parsed.name != data.name).then_some(data.name);
+        Ok(Entry {
+            stream: Arc::from(data.stream),
+            kind: data.kind,
+            renamed,
+            revisions: data.revisions,
+            runs: Runs::from_vec(data.runs),
+            live: data.live,
+            uid: data.uid,
+            firmware: data.firmware,
+            derived: data.derived,
+            dirty: data.dirty,
+        })
+    }
+}
+
 impl Entry {
+    /// A stream's entry before its first event.
+    fn new(stream: Arc<str>, kind: Kind) -> Entry {
+        Entry {
+            stream,
+            kind: kind_index(kind),
+            renamed: None,
+            revisions: 0,
+            runs: Runs::new(),
+            live: false,
+            uid: None,
+            firmware: None,
+            derived: Derived::default(),
+            dirty: false,
+        }
+    }
+
+    /// The namespace its stream's name says (None for cluster-scoped kinds).
+    pub fn namespace(&self) -> Option<&str> {
+        parse_stream(&self.stream).and_then(|p| p.namespace)
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        match &self.renamed {
+            Some(name) => name,
+            None => parse_stream(&self.stream).map_or("", |p| p.name),
+        }
+    }
+
+    /// Names it `name` (a cluster config's, from its payload).
+    fn rename(&mut self, name: String) {
+        let from_stream = parse_stream(&self.stream).map(|p| p.name);
+        self.renamed = (from_stream != Some(name.as_str())).then_some(name);
+    }
+
     pub fn kind(&self) -> Kind {
         Kind::ALL
             .get(usize::from(self.kind))
@@ -118,6 +234,84 @@ fn kind_index(kind: Kind) -> u8 {
         .unwrap_or(0)
 }
 
+/// A key of the name index: `(kind index, namespace, name)`, ordered as that tuple, with the
+/// namespace and the name borrowed from one shared string (an entry's stream name, so naming
+/// a new stream allocates nothing more).
+#[derive(Debug, Clone)]
+pub(crate) struct NameKey {
+    pub kind: u8,
+    text: Arc<str>,
+    namespace: std::ops::Range<usize>,
+    name: std::ops::Range<usize>,
+}
+
+impl NameKey {
+    /// `(kind, namespace, name)` (for lookups and range bounds).
+    pub fn new(kind: u8, namespace: &str, name: &str) -> NameKey {
+        NameKey {
+            kind,
+            text: Arc::from(format!("{namespace}{name}")),
+            namespace: 0..namespace.len(),
+            name: namespace.len()..namespace.len() + name.len(),
+        }
+    }
+
+    /// The key of a stream, sharing its name; `None` if vmplane does not know the stream.
+    fn of_stream(kind: u8, stream: &Arc<str>) -> Option<NameKey> {
+        let parsed = parse_stream(stream)?;
+        let range = |part: &str| {
+            if part.is_empty() {
+                return Some(0..0);
+            }
+            // `parse_stream` gives slices of `stream`: find where they start in it.
+            let start = (part.as_ptr() as usize).checked_sub(stream.as_ptr() as usize)?;
+            (stream.get(start..start + part.len()) == Some(part))
+                .then_some(start..start + part.len())
+        };
+        Some(NameKey {
+            kind,
+            text: Arc::clone(stream),
+            namespace: match parsed.namespace {
+                Some(ns) => range(ns)?,
+                None => 0..0,
+            },
+            name: range(parsed.name)?,
+        })
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.text.get(self.namespace.clone()).unwrap_or_default()
+    }
+
+    pub fn name(&self) -> &str {
+        self.text.get(self.name.clone()).unwrap_or_default()
+    }
+
+    fn parts(&self) -> (u8, &str, &str) {
+        (self.kind, self.namespace(), self.name())
+    }
+}
+
+impl PartialEq for NameKey {
+    fn eq(&self, other: &NameKey) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for NameKey {}
+
+impl PartialOrd for NameKey {
+    fn partial_cmp(&self, other: &NameKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for NameKey {
+    fn cmp(&self, other: &NameKey) -> std::cmp::Ordering {
+        self.parts().cmp(&other.parts())
+    }
+}
+
 /// The persisted part of the read model (its checkpoint body).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ModelData {
@@ -141,16 +335,23 @@ pub(crate) struct PersistedRef<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct ReadModel {
     pub data: ModelData,
-    by_stream: HashMap<Box<str>, u32>,
+    by_stream: HashMap<Arc<str>, u32>,
     /// `(kind index, namespace, name)` → entry.
-    pub by_name: BTreeMap<(u8, String, String), u32>,
+    pub by_name: BTreeMap<NameKey, u32>,
+    /// Names of entries made by the fold and not in `by_name` yet: they are added together
+    /// by [`ReadModel::flush_names`] when the fold stops (a fresh model's index is then built
+    /// in one go from sorted keys instead of one insertion per stream).
+    pending_names: Vec<(NameKey, u32)>,
     /// Live firmware UUID → entry.
     pub firmware: HashMap<Uuid, u32>,
     features: BTreeMap<String, BTreeSet<u32>>,
     revisions: BTreeMap<RevisionRef, BTreeSet<u32>>,
     dirty: BTreeSet<u32>,
-    /// The hash of the last applied event (kept raw; hexed only when checkpointing).
-    applied_hash: [u8; 32],
+    /// The hash of the last applied event (kept raw; hexed only when checkpointing), if
+    /// known: the fold does not copy each event's hash (it is only needed for a checkpoint,
+    /// and reading it costs the fold a cache miss per event); `None` says it is the hash of
+    /// the log's event at `applied`, read from the log when a checkpoint needs it.
+    applied_hash: Option<[u8; 32]>,
     /// The entry of the last applied event: the log holds runs of one stream's events (one
     /// append), and comparing a name is cheaper than hashing it.
     last: Option<u32>,
@@ -168,22 +369,23 @@ impl ReadModel {
             })?;
         }
         let mut model = ReadModel {
-            applied_hash,
+            applied_hash: Some(applied_hash),
             ..ReadModel::default()
         };
         for (i, entry) in data.entries.iter().enumerate() {
             let idx = u32::try_from(i).map_err(|_| Error::Invalid {
                 reason: "too many entries".into(),
             })?;
-            model.by_stream.insert(entry.stream.clone().into(), idx);
-            model.by_name.insert(
-                (
-                    entry.kind,
-                    entry.namespace.clone().unwrap_or_default(),
-                    entry.name.clone(),
-                ),
-                idx,
-            );
+            model.by_stream.insert(Arc::clone(&entry.stream), idx);
+            let key = match &entry.renamed {
+                Some(name) => NameKey::new(entry.kind, "", name),
+                None => {
+                    NameKey::of_stream(entry.kind, &entry.stream).ok_or_else(|| Error::Invalid {
+                        reason: format!("checkpoint entry of an unknown stream {}", entry.stream),
+                    })?
+                }
+            };
+            model.by_name.insert(key, idx);
             if entry.live
                 && let Some(fw) = entry.firmware
             {
@@ -228,13 +430,9 @@ impl ReadModel {
             });
         }
         self.data.applied = event.position.0;
-        self.applied_hash = *event.hash;
+        self.applied_hash = None;
         let last = self.last.filter(|i| {
-            self.data
-                .entries
-                .get(*i as usize)
-                .map(|e| e.stream.as_str())
-                == Some(event.stream)
+            self.data.entries.get(*i as usize).map(|e| &*e.stream) == Some(event.stream)
         });
         let idx = match last.or_else(|| self.by_stream.get(event.stream).copied()) {
             Some(idx) => idx,
@@ -245,28 +443,17 @@ impl ReadModel {
                 let idx = u32::try_from(self.data.entries.len()).map_err(|_| Error::Invalid {
                     reason: "too many streams".into(),
                 })?;
-                let entry = Entry {
-                    stream: event.stream.to_owned(),
-                    kind: kind_index(parsed.kind),
-                    namespace: parsed.namespace.map(str::to_owned),
-                    name: parsed.name.to_owned(),
-                    revisions: 0,
-                    runs: Vec::new(),
-                    live: false,
-                    uid: None,
-                    firmware: None,
-                    derived: Derived::default(),
-                    dirty: false,
-                };
-                self.by_name.insert(
-                    (
-                        entry.kind,
-                        entry.namespace.clone().unwrap_or_default(),
-                        entry.name.clone(),
-                    ),
-                    idx,
-                );
-                self.by_stream.insert(event.stream.into(), idx);
+                let stream: Arc<str> = Arc::from(event.stream);
+                let key =
+                    NameKey::of_stream(kind_index(parsed.kind), &stream).ok_or_else(|| {
+                        Error::Corrupt {
+                            position: event.position,
+                            reason: format!("stream name {} cannot be indexed", event.stream),
+                        }
+                    })?;
+                self.pending_names.push((key, idx));
+                self.by_stream.insert(Arc::clone(&stream), idx);
+                let entry = Entry::new(stream, parsed.kind);
                 self.data.entries.push(entry);
                 idx
             }
@@ -287,23 +474,35 @@ impl ReadModel {
         entry.push(event.position.0);
         match event.event_type {
             "VmCreated" | "VmiCreated" | "ObjectCreated" => {
-                let (uid, firmware, name) = match decode(event)? {
-                    Event::VmCreated(e) => (e.uid, Some(e.firmware_uuid), None),
-                    Event::VmiCreated(e) => (e.uid, Some(e.firmware_uuid), None),
-                    Event::ObjectCreated(e) => (e.uid, None, Some(e.name)),
-                    _ => return Ok(()),
+                // Read in place: the fold needs the identity, not the manifest.
+                let created = vmplane_core::event::decode_created(
+                    event.event_type,
+                    event.schema_version,
+                    event.payload,
+                )
+                .map_err(|e| Error::Corrupt {
+                    position: event.position,
+                    reason: e.to_string(),
+                })?;
+                let Some(created) = created else {
+                    // An unknown version: decoded as every event is, to say why it is refused.
+                    decode(event)?;
+                    return Ok(());
                 };
+                let (uid, firmware, name) = (created.uid, created.firmware_uuid, created.name);
                 entry.live = true;
                 entry.uid = Some(uid);
                 let old_firmware = std::mem::replace(&mut entry.firmware, firmware);
                 let kind = entry.kind;
                 if kind_index(Kind::KubeVirt) == kind
                     && let Some(name) = name
-                    && name != entry.name
+                    && name != entry.name()
                 {
-                    let old = std::mem::replace(&mut entry.name, name.clone());
-                    self.by_name.remove(&(kind, String::new(), old));
-                    self.by_name.insert((kind, String::new(), name), idx);
+                    let old = entry.name().to_owned();
+                    entry.rename(name.clone());
+                    self.flush_names();
+                    self.by_name.remove(&NameKey::new(kind, "", &old));
+                    self.by_name.insert(NameKey::new(kind, "", &name), idx);
                 }
                 self.replace_firmware(idx, old_firmware, firmware);
                 self.mark_dirty(idx);
@@ -329,6 +528,21 @@ impl ReadModel {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Adds the names of the entries the fold made to `by_name`. The fold's caller calls it
+    /// when it stops (whether or not it failed), before the model is read again.
+    pub fn flush_names(&mut self) {
+        if self.pending_names.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending_names);
+        if self.by_name.is_empty() {
+            // Sorted, then built in one pass.
+            self.by_name = pending.into_iter().collect();
+        } else {
+            self.by_name.extend(pending);
+        }
     }
 
     fn mark_dirty(&mut self, idx: u32) {
@@ -448,11 +662,12 @@ impl ReadModel {
         out.into_iter().collect()
     }
 
-    /// The persisted form, serialized by reference (the same JSON as [`ModelData`]).
-    pub fn persisted(&self) -> PersistedRef<'_> {
+    /// The persisted form, serialized by reference (the same JSON as [`ModelData`]), with
+    /// `applied_hash` from [`ReadModel::applied_hash`].
+    pub fn persisted(&self, applied_hash: &[u8; 32]) -> PersistedRef<'_> {
         PersistedRef {
             applied: self.data.applied,
-            applied_hash: hex::encode(self.applied_hash),
+            applied_hash: hex::encode(applied_hash),
             entries: &self.data.entries,
         }
     }
@@ -462,6 +677,8 @@ impl ReadModel {
         let mut model = ReadModel::default();
         model.data.entries.reserve(streams);
         model.by_stream.reserve(streams);
+        model.pending_names.reserve(streams);
+        model.firmware.reserve(streams);
         model
     }
 
@@ -470,8 +687,23 @@ impl ReadModel {
         self.data.entries.len()
     }
 
-    pub fn applied_hash(&self) -> [u8; 32] {
-        self.applied_hash
+    /// The hash of the event at [`ReadModel::applied`] (zeros for none), read from `log` if
+    /// the fold did not keep it.
+    pub fn applied_hash(&self, log: &dyn EventLog) -> Result<[u8; 32]> {
+        if let Some(hash) = self.applied_hash {
+            return Ok(hash);
+        }
+        let position = self.applied();
+        if position.0 == 0 {
+            return Ok([0u8; 32]);
+        }
+        match log.read_event(position)? {
+            Some(event) => Ok(event.hash),
+            None => Err(Error::Corrupt {
+                position,
+                reason: "the log no longer has the event the read model applied".into(),
+            }),
+        }
     }
 
     /// The canonical content: the position, then each entry as JSON, by stream name.
@@ -526,18 +758,38 @@ mod tests {
     use super::*;
 
     fn entry() -> Entry {
-        Entry {
-            stream: "vm/ns/a".into(),
-            kind: kind_index(Kind::VirtualMachine),
-            namespace: Some("ns".into()),
-            name: "a".into(),
-            revisions: 0,
-            runs: Vec::new(),
-            live: true,
-            uid: None,
-            firmware: None,
-            derived: Derived::default(),
-            dirty: false,
+        let mut e = Entry::new(Arc::from("vm/ns/a"), Kind::VirtualMachine);
+        e.live = true;
+        e
+    }
+
+    #[test]
+    fn name_keys_of_streams_order_and_compare_as_their_tuples() {
+        let streams = [
+            "vm/a/x",
+            "vm/a-b/y",
+            "vm/a/x-1",
+            "vm/b/a",
+            "vmi/a/x",
+            "clusterinstancetype/u1.small",
+            "instancetype/ns/u1",
+            "cluster/config",
+            "vm/ns/with/slash",
+        ];
+        let mut keys = Vec::new();
+        for stream in streams {
+            let parsed = parse_stream(stream).expect("known stream");
+            let kind = kind_index(parsed.kind);
+            let key = NameKey::of_stream(kind, &Arc::from(stream)).expect("key");
+            let tuple = (kind, parsed.namespace.unwrap_or(""), parsed.name);
+            assert_eq!(key.parts(), tuple, "{stream}");
+            assert_eq!(key, NameKey::new(tuple.0, tuple.1, tuple.2));
+            keys.push((key, tuple));
+        }
+        for (a, ta) in &keys {
+            for (b, tb) in &keys {
+                assert_eq!(a.cmp(b), ta.cmp(tb), "{ta:?} vs {tb:?}");
+            }
         }
     }
 
@@ -548,7 +800,7 @@ mod tests {
             e.push(p);
         }
         e.push(500);
-        assert_eq!(e.runs, vec![(1, 10), (101, 500)]);
+        assert_eq!(e.runs.as_slice(), [(1, 10), (101, 500)]);
         assert_eq!(e.revision(), 101);
         assert_eq!(e.position_of(100), Some(Position(109)));
         assert_eq!(e.position_of(101), Some(Position(500)));

@@ -102,8 +102,13 @@ fn render_vm(
     features: &Features,
     now_ms: i64,
 ) -> Option<ObjectView> {
-    let vm = lifecycle::render(s, features, now_ms)?;
-    let mut object = serde_json::to_value(&vm).ok()?;
+    // `lifecycle::render` serialized: the stored object (serialized once per object, uid and
+    // generation, and shared by the states folded from one snapshot) with this state's status
+    // put in its slot.
+    let status = lifecycle::render_status(s, features, now_ms)?;
+    let mut object = snapshot.vm_json.object(s)?;
+    let slot = object.as_object_mut()?.get_mut("status")?;
+    *slot = status;
     finish_meta(&mut object, snapshot);
     // The effective firmware identity is in the stored spec (semantics §1 row 14); fill it if
     // an older event left it out, never overwrite it.
@@ -113,13 +118,13 @@ fn render_vm(
             &["spec", "template", "spec", "domain", "firmware"],
         );
         if let Some(firmware) = firmware {
-            firmware
-                .entry("uuid")
-                .or_insert_with(|| Value::String(fw.uuid.to_string()));
-            if let Some(serial) = &fw.serial {
-                firmware
-                    .entry("serial")
-                    .or_insert_with(|| Value::String(serial.clone()));
+            if !firmware.contains_key("uuid") {
+                firmware.insert("uuid".into(), Value::String(fw.uuid.to_string()));
+            }
+            if let Some(serial) = &fw.serial
+                && !firmware.contains_key("serial")
+            {
+                firmware.insert("serial".into(), Value::String(serial.clone()));
             }
         }
     }
@@ -134,13 +139,16 @@ fn render_vm(
     })
 }
 
+/// The object at `keys` under `doc`, made (empty) where missing. Present keys are looked up
+/// without allocating one (`Map::entry` takes an owned key).
 fn path_mut<'a>(doc: &'a mut Value, keys: &[&str]) -> Option<&'a mut Map<String, Value>> {
     let mut node = doc;
     for key in keys {
-        node = node
-            .as_object_mut()?
-            .entry(*key)
-            .or_insert_with(|| Value::Object(Map::new()));
+        let map = node.as_object_mut()?;
+        if !map.contains_key(*key) {
+            map.insert((*key).to_owned(), Value::Object(Map::new()));
+        }
+        node = map.get_mut(*key)?;
     }
     node.as_object_mut()
 }
@@ -252,4 +260,152 @@ fn render_vmi(snapshot: &Snapshot, s: &VmiState, features: &Features) -> Option<
         resource_version: snapshot.position,
         object,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+    use vmplane_core::event::{
+        CreateOrigin, FirmwareOrigin, VmCreated, VmSpecEdited, VmiLaunched, VmiPhase,
+        VmiPhaseObserved,
+    };
+    use vmplane_core::{Event, encode};
+    use vmplane_store::{RecordedEventRef, Timestamp};
+
+    use super::*;
+
+    /// A manifest with fields vmplane does not interpret at every level (top-level ones are
+    /// serialized after `status`), a resourceVersion and no firmware serial.
+    fn manifest(memory: u64) -> String {
+        format!(
+            r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"a","namespace":"ns","labels":{{"app":"x"}},"finalizers":["f"]}},"spec":{{"runStrategy":"Always","template":{{"spec":{{"domain":{{"memory":{{"guest":"{memory}Mi"}}}}}}}},"dataVolumeTemplates":[]}},"zExtra":{{"k":1}},"aExtra":"v"}}"#
+        )
+    }
+
+    /// What `render_vm` gave before the stored object was shared: `lifecycle::render`
+    /// serialized, then the log's metadata and the firmware identity.
+    fn reference(snapshot: &Snapshot, s: &VmState, features: &Features, now_ms: i64) -> Value {
+        let vm = lifecycle::render(s, features, now_ms).expect("live");
+        let mut object = serde_json::to_value(&vm).expect("json");
+        finish_meta(&mut object, snapshot);
+        if let Some(fw) = &s.firmware
+            && let Some(firmware) = path_mut(
+                &mut object,
+                &["spec", "template", "spec", "domain", "firmware"],
+            )
+        {
+            firmware
+                .entry("uuid")
+                .or_insert_with(|| Value::String(fw.uuid.to_string()));
+            if let Some(serial) = &fw.serial {
+                firmware
+                    .entry("serial")
+                    .or_insert_with(|| Value::String(serial.clone()));
+            }
+        }
+        object
+    }
+
+    fn apply(snapshot: &mut Snapshot, event: &Event) {
+        let encoded = encode(event);
+        let revision = snapshot.state.revision() + 1;
+        let hash = [0u8; 32];
+        snapshot
+            .apply(&RecordedEventRef {
+                position: Position(revision * 10),
+                stream: "vm/ns/a",
+                revision,
+                id: Uuid::from_u128(u128::from(revision)),
+                recorded_at: Timestamp(1_700_000_000_000_000_000 + revision as i64),
+                actor: "test",
+                correlation_id: Uuid::from_u128(0),
+                causation_id: None,
+                event_type: encoded.type_name,
+                schema_version: encoded.version,
+                payload: &encoded.bytes,
+                prev_hash: &hash,
+                hash: &hash,
+            })
+            .expect("apply");
+    }
+
+    fn text(snapshot: &Snapshot, features: &Features) -> (String, String) {
+        let AggState::Vm(s) = &snapshot.state else {
+            panic!("a VM stream");
+        };
+        let now_ms = snapshot.recorded_at_ns / 1_000_000;
+        let got = render(snapshot, Kind::VirtualMachine, features, now_ms).expect("rendered");
+        let want = reference(snapshot, s, features, now_ms);
+        // Compared as text: key order is part of the answer.
+        (
+            serde_json::to_string(&got.object).expect("text"),
+            serde_json::to_string(&want).expect("text"),
+        )
+    }
+
+    #[test]
+    fn a_vm_renders_as_its_serialized_lifecycle_render_across_shared_and_new_objects() {
+        let features = Features::defaults();
+        let vmi = Uuid::from_u128(9);
+        let mut snapshot = Snapshot::empty(Kind::VirtualMachine);
+        apply(
+            &mut snapshot,
+            &Event::VmCreated(VmCreated {
+                uid: Uuid::from_u128(1),
+                namespace: "ns".into(),
+                name: "a".into(),
+                origin: CreateOrigin::Apply,
+                manifest_json: manifest(128),
+                firmware_uuid: Uuid::from_u128(2),
+                firmware_serial: Some("serial".into()),
+                firmware_origin: FirmwareOrigin::Generated,
+            }),
+        );
+        let (got, want) = text(&snapshot, &features);
+        assert_eq!(got, want);
+        assert!(got.contains(r#""zExtra""#) && got.contains(r#""status""#));
+        apply(
+            &mut snapshot,
+            &Event::VmiLaunched(VmiLaunched {
+                vmi_uid: vmi,
+                vm_generation: 1,
+                paused: false,
+                at_ms: 1_700_000_000_000,
+            }),
+        );
+        // States folded from one snapshot share its serialized object; each has its status.
+        let base = snapshot.clone();
+        for phase in [VmiPhase::Scheduled, VmiPhase::Running, VmiPhase::Failed] {
+            let mut next = base.clone();
+            apply(
+                &mut next,
+                &Event::VmiPhaseObserved(VmiPhaseObserved {
+                    vmi_uid: vmi,
+                    phase,
+                    reason: None,
+                    message: Some("m".into()),
+                    at_ms: 1_700_000_000_001,
+                }),
+            );
+            let (got, want) = text(&next, &features);
+            assert_eq!(got, want, "{phase:?}");
+            let (got, want) = text(&base, &features);
+            assert_eq!(got, want);
+        }
+        // An edit changes the object and the generation: the next render shows the new one,
+        // and the state it was folded from still shows the old one.
+        let mut edited = base.clone();
+        apply(
+            &mut edited,
+            &Event::VmSpecEdited(VmSpecEdited {
+                manifest_json: manifest(256),
+            }),
+        );
+        let (got, want) = text(&edited, &features);
+        assert_eq!(got, want);
+        assert!(got.contains("256Mi") && !got.contains("128Mi"));
+        let (got, want) = text(&base, &features);
+        assert_eq!(got, want);
+        assert!(got.contains("128Mi"));
+    }
 }

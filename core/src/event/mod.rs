@@ -9,7 +9,8 @@ mod registry;
 
 pub use payload::{CreateOrigin, FirmwareOrigin, VmiPhase};
 pub use registry::{
-    DecodeError, EVENT_TYPES, EncodedEvent, decode, encode, encode_vm_created_v1, validate_payload,
+    CreatedIdentity, DecodeError, EVENT_TYPES, EncodedEvent, decode, decode_created, encode,
+    encode_vm_created_v1, validate_payload,
 };
 
 use serde::{Deserialize, Serialize};

@@ -144,14 +144,44 @@ where
     T::Archived: for<'a> rkyv::bytecheck::CheckBytes<rkyv::api::high::HighValidator<'a, rancor::Error>>
         + rkyv::Deserialize<T, rkyv::api::high::HighDeserializer<rancor::Error>>,
 {
-    // Archives must be aligned; log bytes may not be, so copy once.
-    let mut aligned = AlignedVec::<16>::with_capacity(bytes.len());
-    aligned.extend_from_slice(bytes);
-    rkyv::from_bytes::<T, rancor::Error>(&aligned).map_err(|e| DecodeError::Corrupt {
+    with_aligned(bytes, |aligned| {
+        rkyv::from_bytes::<T, rancor::Error>(aligned)
+    })
+    .map_err(|e| DecodeError::Corrupt {
         type_name: type_name.to_owned(),
         version,
         message: e.to_string(),
     })
+}
+
+/// Payloads up to this size are realigned on the stack; larger ones on the heap.
+const STACK_ALIGNED_MAX: usize = 2048;
+
+/// A 16-byte aligned buffer on the stack.
+#[repr(C, align(16))]
+struct StackAligned<const N: usize>([u8; N]);
+
+/// Runs `body` over `bytes` at an address archives may be read from (16-byte aligned): as
+/// they are if they already are aligned, else copied once — onto the stack when small, so
+/// decoding the many small events of a fold does not allocate for it.
+fn with_aligned<R>(bytes: &[u8], body: impl FnOnce(&[u8]) -> R) -> R {
+    if bytes.as_ptr().align_offset(16) == 0 {
+        return body(bytes);
+    }
+    let len = bytes.len();
+    if len <= 256 {
+        let mut buf = StackAligned([0u8; 256]);
+        buf.0[..len].copy_from_slice(bytes);
+        body(&buf.0[..len])
+    } else if len <= STACK_ALIGNED_MAX {
+        let mut buf = StackAligned([0u8; STACK_ALIGNED_MAX]);
+        buf.0[..len].copy_from_slice(bytes);
+        body(&buf.0[..len])
+    } else {
+        let mut aligned = AlignedVec::<16>::with_capacity(len);
+        aligned.extend_from_slice(bytes);
+        body(&aligned)
+    }
 }
 
 /// Decodes a payload read from the log, upcasting old versions to the current event.
@@ -200,6 +230,75 @@ pub fn decode(type_name: &str, version: u16, bytes: &[u8]) -> Result<Event, Deco
                 version,
             });
         }
+    })
+}
+
+/// What a creation event (`VmCreated`, `VmiCreated`, `ObjectCreated`) says of the identity of
+/// the object it creates: what a read model indexes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedIdentity {
+    /// The new object's uid.
+    pub uid: uuid::Uuid,
+    /// Its firmware UUID (VMs and VMIs; for `VmCreated` v1, the legacy UUID of its name,
+    /// as the upcast to v2 records it).
+    pub firmware_uuid: Option<uuid::Uuid>,
+    /// Its name, for `ObjectCreated` (whose stream may not say it).
+    pub name: Option<String>,
+}
+
+/// The identity a creation event records, read in place from its archive (validated as
+/// [`decode`] validates it, but nothing deserialized: the manifest is not copied). Equal to
+/// what [`decode`] gives for the same bytes; `None` for other event types.
+pub fn decode_created(
+    type_name: &str,
+    version: u16,
+    bytes: &[u8],
+) -> Result<Option<CreatedIdentity>, DecodeError> {
+    let corrupt = |e: rancor::Error| DecodeError::Corrupt {
+        type_name: type_name.to_owned(),
+        version,
+        message: e.to_string(),
+    };
+    with_aligned(bytes, |bytes| {
+        Ok(Some(match (type_name, version) {
+            ("VmCreated", 1) => {
+                let e =
+                    rkyv::access::<ArchivedVmCreatedV1, rancor::Error>(bytes).map_err(corrupt)?;
+                CreatedIdentity {
+                    uid: e.uid,
+                    firmware_uuid: Some(legacy_firmware_uuid(e.name.as_str())),
+                    name: None,
+                }
+            }
+            ("VmCreated", 2) => {
+                let e =
+                    rkyv::access::<ArchivedVmCreatedV2, rancor::Error>(bytes).map_err(corrupt)?;
+                CreatedIdentity {
+                    uid: e.uid,
+                    firmware_uuid: Some(e.firmware_uuid),
+                    name: None,
+                }
+            }
+            ("VmiCreated", 1) => {
+                let e =
+                    rkyv::access::<ArchivedVmiCreatedV1, rancor::Error>(bytes).map_err(corrupt)?;
+                CreatedIdentity {
+                    uid: e.uid,
+                    firmware_uuid: Some(e.firmware_uuid),
+                    name: None,
+                }
+            }
+            ("ObjectCreated", 1) => {
+                let e = rkyv::access::<ArchivedObjectCreatedV1, rancor::Error>(bytes)
+                    .map_err(corrupt)?;
+                CreatedIdentity {
+                    uid: e.uid,
+                    firmware_uuid: None,
+                    name: Some(e.name.as_str().to_owned()),
+                }
+            }
+            _ => return Ok(None),
+        }))
     })
 }
 
@@ -291,5 +390,118 @@ fn set_firmware_uuid(doc: &mut serde_json::Value, uuid: &str) {
     if let Some(fw) = node.as_object_mut() {
         fw.entry("uuid")
             .or_insert_with(|| serde_json::Value::String(uuid.to_owned()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::event::{CreateOrigin, FirmwareOrigin};
+
+    /// Runs `body` over a copy of `bytes` at an address that is not 16-byte aligned (the log
+    /// gives no alignment promise).
+    fn misaligned<R>(bytes: &[u8], body: impl FnOnce(&[u8]) -> R) -> R {
+        let mut buf = vec![0u8; bytes.len() + 1];
+        let offset = usize::from(buf.as_ptr().align_offset(16) == 0);
+        buf[offset..offset + bytes.len()].copy_from_slice(bytes);
+        let slice = &buf[offset..offset + bytes.len()];
+        assert_ne!(slice.as_ptr().align_offset(16), 0);
+        body(slice)
+    }
+
+    fn identity_of(event: &Event) -> Option<CreatedIdentity> {
+        match event {
+            Event::VmCreated(e) => Some(CreatedIdentity {
+                uid: e.uid,
+                firmware_uuid: Some(e.firmware_uuid),
+                name: None,
+            }),
+            Event::VmiCreated(e) => Some(CreatedIdentity {
+                uid: e.uid,
+                firmware_uuid: Some(e.firmware_uuid),
+                name: None,
+            }),
+            Event::ObjectCreated(e) => Some(CreatedIdentity {
+                uid: e.uid,
+                firmware_uuid: None,
+                name: Some(e.name.clone()),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Every creation event, with manifests small and large (stack and heap realignment).
+    fn creations(manifest: &str) -> Vec<(&'static str, u16, Vec<u8>)> {
+        let v2 = encode(&Event::VmCreated(VmCreatedV2 {
+            uid: Uuid::from_u128(1),
+            namespace: "ns".into(),
+            name: "vm".into(),
+            origin: CreateOrigin::Apply,
+            manifest_json: manifest.into(),
+            firmware_uuid: Uuid::from_u128(2),
+            firmware_serial: Some("s".into()),
+            firmware_origin: FirmwareOrigin::Generated,
+        }));
+        let vmi = encode(&Event::VmiCreated(VmiCreatedV1 {
+            uid: Uuid::from_u128(3),
+            namespace: "ns".into(),
+            name: "vmi".into(),
+            manifest_json: manifest.into(),
+            firmware_uuid: Uuid::from_u128(4),
+            firmware_origin: FirmwareOrigin::UserSpecified,
+        }));
+        let object = encode(&Event::ObjectCreated(ObjectCreatedV1 {
+            kind: "KubeVirt".into(),
+            uid: Uuid::from_u128(5),
+            namespace: None,
+            name: "kubevirt".into(),
+            manifest_json: manifest.into(),
+        }));
+        let v1 = encode_vm_created_v1(&VmCreatedV1 {
+            uid: Uuid::from_u128(6),
+            namespace: "ns".into(),
+            name: "old".into(),
+            manifest_json: manifest.into(),
+        });
+        vec![
+            ("VmCreated", 2, v2.bytes),
+            ("VmiCreated", 1, vmi.bytes),
+            ("ObjectCreated", 1, object.bytes),
+            ("VmCreated", 1, v1),
+        ]
+    }
+
+    #[test]
+    fn created_identity_read_in_place_is_what_decode_gives() {
+        let large = format!(r#"{{"pad":"{}"}}"#, "x".repeat(4096));
+        for manifest in [r#"{"kind":"X"}"#, large.as_str()] {
+            for (type_name, version, bytes) in creations(manifest) {
+                let check = |bytes: &[u8]| {
+                    let decoded = decode(type_name, version, bytes).expect("decode");
+                    let read = decode_created(type_name, version, bytes).expect("read in place");
+                    assert_eq!(read, identity_of(&decoded), "{type_name} v{version}");
+                    assert!(read.is_some());
+                };
+                check(&bytes);
+                misaligned(&bytes, check);
+            }
+        }
+    }
+
+    #[test]
+    fn created_identity_of_damaged_bytes_is_an_error_like_decode() {
+        for (type_name, version, bytes) in creations(r#"{"kind":"X"}"#) {
+            for cut in [0, 1, bytes.len() / 2, bytes.len() - 1] {
+                let damaged = &bytes[..cut];
+                assert!(decode(type_name, version, damaged).is_err());
+                assert!(decode_created(type_name, version, damaged).is_err());
+            }
+        }
+        let other = encode(&Event::VmDeleted(VmDeletedV1 {
+            uid: Uuid::from_u128(7),
+        }));
+        assert_eq!(decode_created("VmDeleted", 1, &other.bytes), Ok(None));
     }
 }
