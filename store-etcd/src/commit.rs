@@ -437,15 +437,7 @@ impl Committer {
         if let Ok(r) = &response
             && r.succeeded()
         {
-            self.committed(&flight);
-            reply(
-                flight.group,
-                flight
-                    .decisions
-                    .into_iter()
-                    .map(Decision::into_result)
-                    .collect(),
-            );
+            self.answer_committed(flight);
             return;
         }
         // The pipeline is broken: nothing decided after this transaction can be trusted.
@@ -474,18 +466,24 @@ impl Committer {
         }
     }
 
+    /// The flight's transaction committed: its effects go into the caches and its group is
+    /// answered.
+    fn answer_committed(&mut self, flight: InFlight) {
+        self.committed(&flight);
+        let results = flight
+            .decisions
+            .into_iter()
+            .map(Decision::into_result)
+            .collect();
+        reply(flight.group, results);
+    }
+
     /// Answers a group whose transaction may not have committed.
     async fn settle(&mut self, flight: InFlight, response: Result<TxnResponse, Failure>) {
         let response = match response {
             Ok(response) if response.succeeded() => {
                 // A later transaction committed: the one before it had committed after all.
-                self.committed(&flight);
-                let results = flight
-                    .decisions
-                    .into_iter()
-                    .map(Decision::into_result)
-                    .collect();
-                reply(flight.group, results);
+                self.answer_committed(flight);
                 return;
             }
             other => other,
@@ -510,13 +508,7 @@ impl Committer {
                     == Some(flight.first_id);
                 if ours {
                     // An earlier attempt of this very transaction committed (answer lost).
-                    self.committed(&flight);
-                    let results = flight
-                        .decisions
-                        .into_iter()
-                        .map(Decision::into_result)
-                        .collect();
-                    reply(flight.group, results);
+                    self.answer_committed(flight);
                     return;
                 }
                 let requests: Vec<&AppendRequest> =
