@@ -303,8 +303,9 @@ pub struct ServeArgs {
 
     /// With `--backend etcd`: the most operations one transaction may hold, which must not
     /// exceed any etcd member's `--max-txn-ops` (etcd's default, 128, is this flag's default
-    /// and its least value). Raise both together to let one commit carry more appends: it
-    /// pays only when more than ~60 one-event appends wait at once.
+    /// and its least value). Only claims take operations of their own (an append's events share
+    /// its commit's one batch key), so raising both together pays only when more than ~120
+    /// appends that claim something (VM creates) wait at once.
     #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u64).range(128..=65536))]
     pub etcd_max_txn_ops: u64,
 

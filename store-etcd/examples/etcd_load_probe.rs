@@ -2,7 +2,7 @@
 //! cluster, beside raw etcd puts of the same size and concurrency in the same run (the baseline:
 //! what etcd itself does per request on this machine), then raw group transactions of the
 //! former and the current layout's shape (the ceiling of the committer). The headline is the
-//! first section: etcd's default `--max-txn-ops` 128. A second section starts another cluster
+//! first section: etcd's default `--max-txn-ops` 128. An optional second section starts another cluster
 //! with a raised `--max-txn-ops` (and tells the log through `EtcdOptions::txn_ops_max`), clearly
 //! labelled: not the default deployment.
 //!
@@ -10,7 +10,7 @@
 //! cargo run --release -p vmplane-store-etcd --features harness --example etcd_load_probe
 //! VMPLANE_PROBE_SECS=5 VMPLANE_PROBE_PAYLOAD_BYTES=256 ... (defaults: 3 s per run, 256 bytes)
 //! VMPLANE_PROBE_DEPTHS=1,2 VMPLANE_PROBE_WRITERS=1,16,64,256 (the defaults)
-//! VMPLANE_PROBE_RAISED_TXN_OPS=1024 (the default; 0 skips the second section)
+//! VMPLANE_PROBE_RAISED_TXN_OPS=1024 (default 0: skipped; only claims take operations per append)
 //! ```
 //!
 //! Starts its own clusters on free loopback ports (scripts/install-etcd.sh installs etcd) and
@@ -111,9 +111,10 @@ enum Shape {
     /// The former layout: per event a log put, an id put, a stream entry put and (optionally)
     /// an id compare.
     PerEvent { compares: bool },
-    /// Today's layout: one put holding every event's body, per event an id put and a stream
-    /// entry put, no per-event compare.
-    Batch,
+    /// One put holding every event's body; `indexed`: per event an id put and a stream entry
+    /// put too (the layout before ids and streams were indexed in memory), else nothing per
+    /// event (today's layout).
+    Batch { indexed: bool },
 }
 
 /// Raw etcd transactions shaped like one full group of `events` 1-event appends (event bodies
@@ -150,7 +151,7 @@ fn raw_group_txns(
                     while started.elapsed() < run {
                         let mut ops = Vec::new();
                         let mut checks = Vec::new();
-                        if let Shape::Batch = shape {
+                        if let Shape::Batch { .. } = shape {
                             ops.push(TxnOp::put(
                                 format!("{prefix}/log/{:020}", n + events as u64),
                                 vec![7u8; events * (payload + 154)],
@@ -167,12 +168,18 @@ fn raw_group_txns(
                                     None,
                                 ));
                             }
-                            ops.push(TxnOp::put(format!("{prefix}/id/{id}"), vec![1u8; 60], None));
-                            ops.push(TxnOp::put(
-                                format!("{prefix}/stream/{id}/1"),
-                                vec![1u8; 25],
-                                None,
-                            ));
+                            if !matches!(shape, Shape::Batch { indexed: false }) {
+                                ops.push(TxnOp::put(
+                                    format!("{prefix}/id/{id}"),
+                                    vec![1u8; 60],
+                                    None,
+                                ));
+                                ops.push(TxnOp::put(
+                                    format!("{prefix}/stream/{id}/1"),
+                                    vec![1u8; 25],
+                                    None,
+                                ));
+                            }
                             if let Shape::PerEvent { compares: true } = shape {
                                 checks.push(Compare::create_revision(
                                     format!("{prefix}/id/{id}"),
@@ -293,17 +300,46 @@ fn list(name: &str, default: &[usize]) -> Vec<usize> {
         .unwrap_or_else(|| default.to_vec())
 }
 
+/// Verifies each log, then opens it again as a new server would and times how long that server
+/// takes to index the log (its first stream read waits for the index).
 fn verify(logs: &[(String, Arc<EtcdLog>)]) {
     for (label, log) in logs {
+        let started = Instant::now();
         let verified = log
             .verify(&|_, _, _| Ok(()))
             .expect("the probe's log verifies");
         println!(
-            "verified ({}): {} events, positions gapless, chain intact",
+            "verified ({}): {} events, positions gapless, chain intact, in {:.2} s",
             label.trim(),
-            verified.events
+            verified.events,
+            started.elapsed().as_secs_f64()
+        );
+        let rss_before = resident_bytes();
+        let started = Instant::now();
+        let reopened = EtcdLog::open(log.options().clone()).expect("open again");
+        reopened
+            .stream_revision("probe/none")
+            .expect("a stream read after open");
+        let took = started.elapsed().as_secs_f64();
+        let grew = resident_bytes().saturating_sub(rss_before);
+        println!(
+            "a new server opened and indexed ({}): {} events in {took:.2} s ({:.0} events/s), \
+             resident memory +{:.1} MiB ({:.0} bytes per event)",
+            label.trim(),
+            verified.events,
+            verified.events as f64 / took,
+            grew as f64 / (1 << 20) as f64,
+            grew as f64 / verified.events.max(1) as f64
         );
     }
+}
+
+/// This process's resident memory (Linux `/proc/self/statm`), 0 where unknown.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
 }
 
 fn main() {
@@ -341,24 +377,24 @@ fn main() {
     for &writers in &writer_counts {
         compare(&endpoints, &logs, writers, payload, run);
     }
-    // The former layout's shape (42 events × 3 puts + compares), then today's (62 events × 2
-    // puts + one batch put: what fits etcd's default 128 operations), 1 and 2 in flight.
+    // Former layouts' shapes (42 events × 3 puts + compares; 62 events × 2 index puts + one
+    // batch put: what fits etcd's default 128 operations), then today's (one batch put of the
+    // 64 events 64 writers leave waiting, and head and time index), 1 and 2 in flight.
     let shapes = [
-        ("raw old txn", 42, Shape::PerEvent { compares: false }, 1),
         (
-            "raw old txn +cmp",
+            "raw per-event txn +cmp",
             42,
             Shape::PerEvent { compares: true },
             1,
         ),
         (
-            "raw old txn +cmp",
-            42,
-            Shape::PerEvent { compares: true },
-            4,
+            "raw indexed batch txn",
+            62,
+            Shape::Batch { indexed: true },
+            1,
         ),
-        ("raw batch txn", 62, Shape::Batch, 1),
-        ("raw batch txn", 62, Shape::Batch, 2),
+        ("raw batch txn", 64, Shape::Batch { indexed: false }, 1),
+        ("raw batch txn", 64, Shape::Batch { indexed: false }, 2),
     ];
     for (what, events, shape, in_flight) in shapes {
         let f = raw_group_txns(&endpoints, events, payload, shape, in_flight, run);
@@ -366,7 +402,8 @@ fn main() {
         let layout = match shape {
             Shape::PerEvent { compares: true } => "× 3 puts + 1 compare",
             Shape::PerEvent { compares: false } => "× 3 puts",
-            Shape::Batch => "× 2 puts + 1 batch put",
+            Shape::Batch { indexed: true } => "× 2 puts + 1 batch put",
+            Shape::Batch { indexed: false } => "in 1 batch put",
         };
         println!(
             "{:<36} = {:.0} events/s in transactions of {events} events {layout} ({what}, {in_flight} in flight)",
@@ -379,7 +416,7 @@ fn main() {
     drop(cluster);
     // A second cluster whose members run with a raised --max-txn-ops, and a log told so: NOT
     // the default deployment (the servers' flag and the log's option must be raised together).
-    let raised = env_u64("VMPLANE_PROBE_RAISED_TXN_OPS", 1024) as usize;
+    let raised = env_u64("VMPLANE_PROBE_RAISED_TXN_OPS", 0) as usize;
     if raised == 0 {
         return;
     }

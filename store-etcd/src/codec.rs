@@ -31,8 +31,6 @@ use vmplane_store::{Error, Position, RecordedEvent, RecordedEventRef, Result, Ti
 
 const MAGIC: &[u8; 4] = b"vme1";
 const BATCH_MAGIC: &[u8; 4] = b"vmb1";
-/// Bytes before a batch's first event: magic, count, the first event's length.
-const BATCH_HEADER_BYTES: usize = 12;
 
 /// A batch being built: events are appended in position order.
 pub(crate) struct BatchWriter {
@@ -98,13 +96,20 @@ pub(crate) fn decode_batch(last_position: u64, bytes: &[u8]) -> Result<Vec<Recor
     Ok(events)
 }
 
-/// The id of the first event of the batch stored in `bytes`, if they hold one (cheap: no full
-/// decode).
-pub(crate) fn batch_first_id(bytes: &[u8]) -> Option<Uuid> {
-    if bytes.get(..4)? != BATCH_MAGIC {
+/// The hash of the last event of the batch stored in `bytes`, if they hold one (cheap: walks
+/// the length words, decodes nothing else). The hash covers the event's content, its time and
+/// the chain before it, so two batches with the same last hash are the same batch.
+pub(crate) fn batch_last_hash(bytes: &[u8]) -> Option<[u8; 32]> {
+    let mut reader = Reader { bytes };
+    if reader.take(4)? != BATCH_MAGIC {
         return None;
     }
-    stored_id(bytes.get(BATCH_HEADER_BYTES..)?)
+    let count = u32::from_be_bytes(reader.array()?);
+    let mut last = None;
+    for _ in 0..count {
+        last = Some(reader.chunk()?);
+    }
+    stored_hash(last?)
 }
 
 /// Encodes one event (test helper; batches use [`BatchWriter`]).
@@ -204,11 +209,20 @@ fn decode(position: u64, bytes: &[u8]) -> Result<RecordedEvent> {
 }
 
 /// The id of the event encoded in `bytes`, if they hold one (cheap: no full decode).
-fn stored_id(bytes: &[u8]) -> Option<Uuid> {
-    if bytes.get(..4)? != MAGIC {
+/// The hash field of one stored event.
+fn stored_hash(bytes: &[u8]) -> Option<[u8; 32]> {
+    let mut reader = Reader { bytes };
+    if reader.take(4)? != MAGIC {
         return None;
     }
-    Uuid::from_slice(bytes.get(20..36)?).ok()
+    // position, revision, id, correlation id, recorded_at
+    reader.take(8 + 8 + 16 + 16 + 8)?;
+    if reader.take(1)?[0] == 1 {
+        reader.take(16)?;
+    }
+    // schema version, previous hash
+    reader.take(2 + 32)?;
+    reader.array()
 }
 
 struct Reader<'a> {
@@ -276,7 +290,7 @@ mod tests {
         let event = sample();
         let bytes = encode(&event.as_ref());
         assert_eq!(decode(5, &bytes).unwrap(), event);
-        assert_eq!(stored_id(&bytes), Some(event.id));
+        assert_eq!(stored_hash(&bytes), Some(event.hash));
         for cut in [0, 3, 10, bytes.len() - 1] {
             assert!(matches!(
                 decode(5, &bytes[..cut]),
@@ -306,7 +320,8 @@ mod tests {
         }
         let bytes = writer.finish();
         assert_eq!(decode_batch(6, &bytes).unwrap(), events);
-        assert_eq!(batch_first_id(&bytes), Some(events[0].id));
+        assert_eq!(batch_last_hash(&bytes), Some(events[1].hash));
+        assert_eq!(batch_last_hash(&bytes[..bytes.len() - 1]), None);
         assert!(
             decode_batch(7, &bytes).is_err(),
             "the key names another last position"

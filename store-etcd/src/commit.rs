@@ -4,44 +4,43 @@
 //! Appenders queue their requests and sleep. The committer takes the first request and every
 //! other one already waiting, as long as the group fits one transaction (at most
 //! `txn_ops_max` entries, by default etcd's 128, in each of its compare, success and failure
-//! lists and about 1.2 MB in all; etcd refuses more than its `--max-txn-ops` and 1.5 MiB). etcd's cost is per operation in a transaction (each put costs about as much as
-//! a kilobyte-sized batch of bodies), so a transaction has as few operations as possible: one
-//! put for all the group's event bodies, one per event id, one per append's stream entry, the
-//! claims, the time index and the head; one compare (two when fenced). It then:
+//! lists and about 1.2 MB in all; etcd refuses more than its `--max-txn-ops` and 1.5 MiB).
+//! etcd's cost is per operation in a transaction (each put costs about as much as a
+//! kilobyte-sized batch of bodies), so a transaction has as few operations as possible: one put
+//! for all the group's events, the claim changes, the time index and the head; one compare (two
+//! when fenced). Event ids and stream revisions are not keys in etcd: they are decided on the
+//! in-memory [`LogIndex`], complete up to the head it is at. It then:
 //!
-//! 1. makes sure its caches (stream heads, claim holders, and whether each event id of the
-//!    group is committed) cover the group. The caches are valid *at the head it knows*: a
-//!    missing key is read in one transaction together with the head, and if the head moved
-//!    (another server committed) every cache is dropped and re-read;
-//! 2. decides each request in order against the caches plus the effects of the requests before
-//!    it (a rejected request fails alone), exactly as the sled backend does;
+//! 1. makes sure the index and the claim cache are valid at the head it knows: the head and the
+//!    claims it lacks are read in one transaction; if the head moved (another server committed,
+//!    or an outcome was unknown) the claim cache is dropped and the index reads the batches up
+//!    to the new head;
+//! 2. decides each request in order against the index and the claim cache plus the effects of
+//!    the requests before it (a rejected request fails alone), exactly as the sled backend
+//!    does;
 //! 3. sends one `Txn`: **if** `head == <known head>` (and, for a fenced group, the leader key's
 //!    create revision is the fence's token) **then** put the batch of every event at
-//!    `log/<last pos>`, each event's id, each append's stream entry, the claim changes, the
-//!    time index and the new head; **else** get the head, `log/<last pos>` (and the leader
-//!    key). No per-id compare is needed: an id is only ever written by a commit that moves the
-//!    head and compares it, so ids read as absent at head H are still absent when a
-//!    transaction comparing `head == H` commits (see `Committer::absent`);
-//! 4. on success updates its caches and publishes the head; on failure learns that its own
-//!    earlier attempt had committed, that the fence is stale, or that another server wrote
-//!    (caches dropped), and tries again. A request whose outcome stayed unknown (the
-//!    transaction timed out) is resent *identically*: if it had committed, `log/<last pos>`
-//!    holds its batch and the group succeeds.
+//!    `log/<last pos>`, the claim changes, the time index and the new head; **else** get the
+//!    head, `log/<last pos>` (and the leader key). No id or stream is compared: the index is
+//!    complete at head H, so an id it lacks is not in the log at H, and nothing can be written
+//!    between H and a transaction that commits only while the head is H;
+//! 4. on success takes the group into the index and publishes the head; on failure learns
+//!    that its own earlier attempt had committed, that the fence is stale, or that another
+//!    server wrote (the index catches up), and tries again. A request whose outcome stayed
+//!    unknown (the transaction timed out) is resent *identically*: if it had committed,
+//!    `log/<last pos>` holds its batch and the group succeeds.
 //!
-//! On the fast path (everything cached) the ids of a group are read member-locally, with the
-//! head in the same snapshot; they are trusted only if that head is one this committer's own
-//! commits went through (`own_heads`). Commit transactions go to the leader's endpoint first
-//! (`Etcd::pinned`).
+//! Commit transactions go to the leader's endpoint first (`Etcd::pinned`).
 //!
 //! Every group has a deadline (its oldest request's arrival plus `unavailable_after`); past it
 //! the group fails with [`Error::Unavailable`] naming etcd.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 use vmplane_store::hash::event_hash;
@@ -55,13 +54,12 @@ use vmplane_store::log::AppendDecision as Decision;
 
 use crate::codec;
 use crate::etcd::{Etcd, Failure, gets};
-use crate::keys::{Head, IdLocation, Keys, StreamEntry};
+use crate::index::LogIndex;
+use crate::keys::{Head, IdLocation, Keys};
 use crate::{EtcdOptions, Shared};
 
 /// Bytes one group's transaction may carry (etcd refuses requests over 1.5 MiB).
 pub(crate) const GROUP_BYTES_MAX: usize = 1_200_000;
-/// Event ids remembered as committed (retries are decided without a round trip).
-const KNOWN_IDS_MAX: usize = 65_536;
 /// Times a pipelined transaction is sent again after being overtaken by the one before it.
 const OVERTAKEN_RESENDS_MAX: u32 = 4;
 /// Own heads remembered (see `Committer::own_heads`).
@@ -81,7 +79,8 @@ pub(crate) struct Pending {
     pub reply: oneshot::Sender<Result<AppendResult>>,
 }
 
-/// The effects of the requests accepted so far in a group, on top of the caches.
+/// The effects of the requests accepted so far in a group (or of the groups in flight), on top
+/// of the index and the claim cache.
 #[derive(Default)]
 struct Overlay {
     heads: HashMap<String, Revision>,
@@ -93,11 +92,12 @@ struct Overlay {
 /// What one transaction would write, kept to apply it once etcd says yes.
 struct Plan {
     txn: Txn,
+    /// The head once it commits; its hash is the batch's last event's, which tells this very
+    /// batch from any other written at the same key.
     head: Head,
-    first_id: Uuid,
 }
 
-/// The committer's state: the head it knows and caches valid at that head.
+/// The committer's state: the head it knows, and the index and claims valid at that head.
 pub(crate) struct Committer {
     /// Pinned to the leader's endpoint (see `Etcd::pinned`), looked for again after a failure
     /// and every `REPIN_EVERY`.
@@ -106,18 +106,18 @@ pub(crate) struct Committer {
     keys: Keys,
     options: EtcdOptions,
     shared: Arc<Shared>,
+    /// The head the next group is decided on: the index's, or the last in-flight group's.
     head: Head,
-    /// The caches may no longer match `head` (another server wrote, or an outcome is unknown).
+    /// The cache may no longer match `head` (another server wrote, or an outcome is unknown).
     stale: bool,
-    streams: HashMap<String, Option<Revision>>,
+    /// Ids and streams, committed; shared with readers (`EtcdLog::index_at`), who may move it
+    /// past `head` by reading batches, never back.
+    index: Arc<tokio::sync::Mutex<LogIndex>>,
+    /// Claim holders read at `head` (or written by this committer since).
     claims: HashMap<String, Option<String>>,
-    /// Committed ids (never removed from etcd, so never stale).
-    ids: HashMap<Uuid, IdLocation>,
-    /// Ids read as absent at a head in `own_heads`: absent at `head` too, unless `ids` has them.
-    /// Every id is written only by a commit that moves the head and compares it, so an id
-    /// absent at head H is absent at every later head reached by commits whose ids are known,
-    /// i.e. this committer's own; a commit decided at H fails unless the head is still H.
-    absent: HashSet<Uuid>,
+    /// The effects of the groups in flight (decided, not yet known to be committed): the next
+    /// group is decided on them. Emptied when the pipeline drains or breaks.
+    speculative: Overlay,
     /// Heads this committer's own commits (committed or in flight) went through, oldest first,
     /// ending at `head`: nobody else committed between them. Reset when another server commits.
     own_heads: VecDeque<Head>,
@@ -134,7 +134,6 @@ struct Budget {
 
 impl Budget {
     fn cost(request: &AppendRequest) -> Budget {
-        let events = request.events.len();
         let bytes: usize = request
             .events
             .iter()
@@ -152,12 +151,12 @@ impl Budget {
                 .map(|c| 2 * (c.key().len() + c.owner().len()) + 64)
                 .sum::<usize>();
         Budget {
-            // an id per event, the stream entry, one per claim key
-            success_ops: events + 1 + request.claims.len(),
-            // none per event: ids are read before deciding (see `Committer::absent`)
+            // one per claim key (events and their ids are in the batch)
+            success_ops: request.claims.len(),
+            // none per event: ids and revisions are decided on the index
             compares: 0,
-            // the stream's latest entry, each claim, each id (when some are known)
-            reads: 1 + request.claims.len() + events,
+            // each claim, when not cached
+            reads: request.claims.len(),
             bytes,
         }
     }
@@ -187,6 +186,7 @@ impl Committer {
         keys: Keys,
         options: EtcdOptions,
         shared: Arc<Shared>,
+        index: Arc<tokio::sync::Mutex<LogIndex>>,
         head: Head,
     ) -> Committer {
         Committer {
@@ -197,10 +197,9 @@ impl Committer {
             shared,
             head,
             stale: false,
-            streams: HashMap::new(),
+            index,
             claims: HashMap::new(),
-            ids: HashMap::new(),
-            absent: HashSet::new(),
+            speculative: Overlay::default(),
             own_heads: VecDeque::from([head]),
         }
     }
@@ -217,7 +216,6 @@ impl Committer {
     fn reset_own_heads(&mut self, head: Head) {
         self.own_heads.clear();
         self.own_heads.push_back(head);
-        self.absent.clear();
     }
 
     /// Commits groups until every sender is gone, keeping up to `pipeline_depth` transactions
@@ -273,7 +271,10 @@ impl Committer {
                 .min()
                 .unwrap_or_else(Instant::now)
                 + self.options.unavailable_after;
-            let group = match self.try_pipeline(group, fence.clone(), deadline).await {
+            let group = match self
+                .try_pipeline(group, fence.clone(), deadline, in_flight.len())
+                .await
+            {
                 Ok(flight) => {
                     in_flight.push_back(flight);
                     continue;
@@ -303,54 +304,33 @@ impl Committer {
         }
     }
 
-    /// The fast path: when everything the group needs is cached and every request is accepted,
+    /// The fast path: when the index is at the committer's head (or the groups in flight lead
+    /// there from it), every claim of the group is cached and every request is accepted,
     /// decides it on the state the transactions in flight will leave, sends its transaction
-    /// and takes its effects into the caches at once. Hands the group back otherwise.
+    /// and takes its effects into `speculative` at once. Hands the group back otherwise.
     async fn try_pipeline(
         &mut self,
         group: Vec<Pending>,
         fence: Option<Fence>,
         deadline: Instant,
+        in_flight: usize,
     ) -> std::result::Result<InFlight, Vec<Pending>> {
-        if self.stale
-            || self.shared.head() > self.head.position
-            || self.ids.len() > KNOWN_IDS_MAX
-            || self.absent.len() > KNOWN_IDS_MAX
-        {
+        if self.stale || self.shared.head() > self.head.position {
             return Err(group);
         }
         let cached = group.iter().all(|p| {
-            let known = p
-                .request
-                .events
-                .iter()
-                .filter(|e| self.ids.contains_key(&e.id))
-                .count();
-            self.streams.contains_key(&p.request.stream)
-                && p.request
-                    .claims
-                    .iter()
-                    .all(|c| self.claims.contains_key(c.key()))
-                && (known == 0 || known == p.request.events.len())
+            p.request.claims.iter().all(|c| {
+                self.speculative.claims.contains_key(c.key()) || self.claims.contains_key(c.key())
+            })
         });
         if !cached {
             return Err(group);
         }
-        let unknown: Vec<Uuid> = group
-            .iter()
-            .flat_map(|p| p.request.events.iter().map(|e| e.id))
-            .filter(|id| !self.ids.contains_key(id) && !self.absent.contains(id))
-            .collect();
-        if !unknown.is_empty() {
-            match self.read_ids_in_chain(&unknown, deadline).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    // Another server committed: the slow path reloads.
-                    self.stale = true;
-                    return Err(group);
-                }
-                Err(_) => return Err(group),
-            }
+        let index = Arc::clone(&self.index);
+        let index = index.lock().await;
+        if in_flight == 0 && index.head() != self.head {
+            // A reader moved the index past this committer's head: the slow path reloads.
+            return Err(group);
         }
         let mut overlay = Overlay {
             next_position: self.head.position + 1,
@@ -358,7 +338,7 @@ impl Committer {
         };
         let mut decisions = Vec::with_capacity(group.len());
         for pending in &group {
-            let decision = self.decide(&overlay, &pending.request);
+            let decision = self.decide(&index, &overlay, &pending.request);
             match &decision {
                 Decision::Accept {
                     first_revision,
@@ -371,6 +351,7 @@ impl Committer {
             }
             decisions.push(decision);
         }
+        drop(index);
         if overlay.next_position == self.head.position + 1 {
             return Err(group);
         }
@@ -379,21 +360,11 @@ impl Committer {
         let base = self.head;
         let txn = plan.txn;
         let response = send(&self.etcd, deadline, txn.clone());
-        let ids: Vec<Uuid> = overlay.ids.keys().copied().collect();
-        let events = ids.len() as u64;
+        let events = overlay.ids.len() as u64;
         // Speculatively committed: the next group is decided after this one.
         self.head = plan.head;
         self.own_head(plan.head);
-        for id in &ids {
-            self.absent.remove(id);
-        }
-        for (stream, revision) in overlay.heads {
-            self.streams.insert(stream, Some(revision));
-        }
-        for (key, owner) in overlay.claims {
-            self.claims.insert(key, owner);
-        }
-        self.ids.extend(overlay.ids);
+        self.speculative.absorb(overlay);
         Ok(InFlight {
             group,
             fence,
@@ -403,8 +374,6 @@ impl Committer {
             txn,
             resent: 0,
             head: plan.head,
-            first_id: plan.first_id,
-            ids,
             events,
             sent: Instant::now(),
             response,
@@ -437,18 +406,23 @@ impl Committer {
         if let Ok(r) = &response
             && r.succeeded()
         {
-            self.answer_committed(flight);
-            return;
+            self.answer_committed(flight).await;
+        } else {
+            // The pipeline is broken: nothing decided after this transaction can be trusted.
+            self.stale = true;
+            self.speculative = Overlay::default();
+            let mut broken = vec![(flight, response)];
+            while let Some(mut later) = in_flight.pop_front() {
+                let response = later.wait().await;
+                broken.push((later, response));
+            }
+            for (flight, response) in broken {
+                self.settle(flight, response).await;
+            }
         }
-        // The pipeline is broken: nothing decided after this transaction can be trusted.
-        self.stale = true;
-        let mut broken = vec![(flight, response)];
-        while let Some(mut later) = in_flight.pop_front() {
-            let response = later.wait().await;
-            broken.push((later, response));
-        }
-        for (flight, response) in broken {
-            self.settle(flight, response).await;
+        if in_flight.is_empty() {
+            // Everything decided is in the index now (or the committer is stale).
+            self.speculative = Overlay::default();
         }
     }
 
@@ -466,9 +440,12 @@ impl Committer {
         }
     }
 
-    /// The flight's transaction committed: its effects go into the caches and its group is
+    /// The flight's transaction committed: its effects go into the index and its group is
     /// answered.
-    fn answer_committed(&mut self, flight: InFlight) {
+    async fn answer_committed(&mut self, flight: InFlight) {
+        let requests: Vec<&AppendRequest> = flight.group.iter().map(|p| &p.request).collect();
+        self.index_committed(&requests, &flight.decisions, flight.head)
+            .await;
         self.committed(&flight);
         let results = flight
             .decisions
@@ -483,15 +460,13 @@ impl Committer {
         let response = match response {
             Ok(response) if response.succeeded() => {
                 // A later transaction committed: the one before it had committed after all.
-                self.answer_committed(flight);
+                self.answer_committed(flight).await;
                 return;
             }
             other => other,
         };
-        // Its effects are not known to be in etcd: forget them (the caches are stale already).
-        for id in &flight.ids {
-            self.ids.remove(id);
-        }
+        // Its effects are not known to be in etcd: the index never had them, and the committer
+        // is stale already (the next load reads the head and catches the index up).
         match response {
             Err(failure) => {
                 let results = unknown_outcome(flight.decisions, &failure);
@@ -504,11 +479,11 @@ impl Committer {
                     .get(1)
                     .cloned()
                     .flatten()
-                    .and_then(|kv| codec::batch_first_id(kv.value()))
-                    == Some(flight.first_id);
+                    .and_then(|kv| codec::batch_last_hash(kv.value()))
+                    == Some(flight.head.hash);
                 if ours {
                     // An earlier attempt of this very transaction committed (answer lost).
-                    self.answer_committed(flight);
+                    self.answer_committed(flight).await;
                     return;
                 }
                 let requests: Vec<&AppendRequest> =
@@ -554,10 +529,12 @@ impl Committer {
                 next_position: self.head.position + 1,
                 ..Overlay::default()
             };
+            let index = Arc::clone(&self.index);
+            let index = index.lock().await;
             let decisions: Vec<Decision> = group
                 .iter()
                 .map(|request| {
-                    let decision = self.decide(&overlay, request);
+                    let decision = self.decide(&index, &overlay, request);
                     if let Decision::Accept {
                         first_revision,
                         first_position,
@@ -570,6 +547,7 @@ impl Committer {
                     decision
                 })
                 .collect();
+            drop(index);
             if overlay.next_position == self.head.position + 1 {
                 return decisions.into_iter().map(Decision::into_result).collect();
             }
@@ -592,7 +570,8 @@ impl Committer {
                 }
             };
             if response.succeeded() {
-                self.apply(plan.head, overlay);
+                self.apply(group, &decisions, plan.head, overlay.ids.len() as u64)
+                    .await;
                 return decisions.into_iter().map(Decision::into_result).collect();
             }
             // The guard failed: the failure list read the head, log/<first pos> (and the fence).
@@ -606,15 +585,16 @@ impl Committer {
                 .get(1)
                 .cloned()
                 .flatten()
-                .and_then(|kv| codec::batch_first_id(kv.value()))
-                == Some(plan.first_id);
+                .and_then(|kv| codec::batch_last_hash(kv.value()))
+                == Some(plan.head.hash);
             if ours {
                 // An earlier attempt of this very transaction committed (its answer was lost).
                 let moved_on = found_head
                     .as_ref()
                     .map(|h| h.position > plan.head.position)
                     .unwrap_or(true);
-                self.apply(plan.head, overlay);
+                self.apply(group, &decisions, plan.head, overlay.ids.len() as u64)
+                    .await;
                 self.stale |= moved_on;
                 return decisions.into_iter().map(Decision::into_result).collect();
             }
@@ -662,74 +642,47 @@ impl Committer {
         }
     }
 
-    /// Makes the caches cover every stream and claim of `group` (and the unknown ids of requests
-    /// with some known ids), all valid at `self.head`.
+    /// Makes the index and the claim cache valid at the head, with every claim of `group` in
+    /// the cache: reads the head and the missing claims in one transaction; if the head moved,
+    /// drops the cache and catches the index up to the new head.
     async fn load(&mut self, group: &[&AppendRequest], deadline: Instant) -> Result<(), Failure> {
-        if self.ids.len() > KNOWN_IDS_MAX || self.absent.len() > KNOWN_IDS_MAX {
-            // Forgetting committed ids breaks the chain argument for older own heads.
-            self.ids.clear();
-            self.reset_own_heads(self.head);
-        }
         for _ in 0..8 {
             if self.stale {
-                self.streams.clear();
                 self.claims.clear();
-                self.absent.clear();
             }
-            let mut streams: Vec<&str> = Vec::new();
             let mut claims: Vec<&str> = Vec::new();
-            let mut ids: Vec<Uuid> = Vec::new();
             for request in group {
-                if !self.streams.contains_key(&request.stream)
-                    && !streams.contains(&request.stream.as_str())
-                {
-                    streams.push(&request.stream);
-                }
                 for claim in &request.claims {
                     if !self.claims.contains_key(claim.key()) && !claims.contains(&claim.key()) {
                         claims.push(claim.key());
                     }
                 }
-                for event in &request.events {
-                    if !self.ids.contains_key(&event.id)
-                        && !self.absent.contains(&event.id)
-                        && !ids.contains(&event.id)
-                    {
-                        ids.push(event.id);
-                    }
-                }
             }
-            if !self.stale && streams.is_empty() && claims.is_empty() && ids.is_empty() {
+            let indexed = self.index.lock().await.head();
+            if !self.stale && indexed == self.head && claims.is_empty() {
                 return Ok(());
             }
             let mut ops = vec![TxnOp::get(self.keys.head(), None)];
-            ops.extend(streams.iter().map(|s| {
-                let (key, options) = self.keys.latest_entry_read(s);
-                TxnOp::get(key, Some(options))
-            }));
             ops.extend(claims.iter().map(|k| TxnOp::get(self.keys.claim(k), None)));
-            ops.extend(ids.iter().map(|id| TxnOp::get(self.keys.id(id), None)));
             let response = self
                 .etcd
                 .txn(
-                    "reading stream heads and claims",
+                    "reading the head and claims",
                     deadline,
                     Txn::new().and_then(ops),
                 )
                 .await?;
             let values = gets(&response);
             let damaged = |reason: String| Failure::Refused {
-                context: "reading stream heads and claims",
+                context: "reading the head and claims",
                 reason,
             };
             let head = match values.first().cloned().flatten() {
                 Some(kv) => Head::decode(kv.value()).map_err(|e| damaged(e.to_string()))?,
                 None => Head::EMPTY,
             };
-            let mut values = values.into_iter().skip(1);
             let moved = self.stale || head != self.head;
             if moved {
-                self.streams.clear();
                 self.claims.clear();
                 self.head = head;
                 self.stale = false;
@@ -737,20 +690,8 @@ impl Committer {
                 // Another server's commits are durable too: waiters may see them now.
                 self.shared.publish(head.position);
             }
-            for stream in &streams {
-                let revision = match values.next().flatten() {
-                    Some(kv) => Some(
-                        self.keys
-                            .parse_entry(stream, kv.key(), kv.value())
-                            .map_err(|e| damaged(e.to_string()))?
-                            .last_revision(),
-                    ),
-                    None => None,
-                };
-                self.streams.insert((*stream).to_owned(), revision);
-            }
-            for key in &claims {
-                let holder = match values.next().flatten() {
+            for (key, value) in claims.iter().zip(values.into_iter().skip(1)) {
+                let holder = match value {
                     Some(kv) => Some(
                         String::from_utf8(kv.value().to_vec())
                             .map_err(|_| damaged(format!("claim {key} holds non-UTF-8 bytes")))?,
@@ -759,95 +700,54 @@ impl Committer {
                 };
                 self.claims.insert((*key).to_owned(), holder);
             }
-            // Read with the head, so valid at it (and at `self.head`, which is now that head).
-            for id in &ids {
-                match values.next().flatten() {
-                    Some(kv) => {
-                        let location = IdLocation::decode(id, kv.value())
-                            .map_err(|e| damaged(e.to_string()))?;
-                        self.ids.insert(*id, location);
-                    }
-                    None => {
-                        self.absent.insert(*id);
-                    }
-                }
+            let mut index = self.index.lock().await;
+            if index.head().position > head.position {
+                // A reader saw a later head (another server committed since): read again.
+                self.stale = true;
+                continue;
             }
+            index
+                .catch_up(&self.etcd, &self.keys, head, self.options.unavailable_after)
+                .await
+                .map_err(|err| match err {
+                    Error::Unavailable { reason } => Failure::Unavailable(reason),
+                    other => Failure::Refused {
+                        context: "indexing the log",
+                        reason: other.to_string(),
+                    },
+                })?;
             if !moved {
                 return Ok(());
             }
-            // The head moved: what was cached before was dropped; read what is still missing.
+            // The head moved: the claims cached before were dropped; read what is missing.
         }
         Err(Failure::Unavailable(
-            "etcd: the log's head kept moving while reading stream heads: other servers are \
-             committing"
+            "etcd: the log's head kept moving while reading it: other servers are committing"
                 .into(),
         ))
     }
 
-    /// Reads `ids` together with the head, member-locally (serializable: no consensus round),
-    /// in one snapshot. True if that head is one of `own_heads`: then the ids found absent are
-    /// absent at `self.head` too (only this committer's commits, whose ids it knows, came
-    /// after), and they go to `absent`; found ones become known. False if another server
-    /// committed or the member lags behind: nothing is learned.
-    async fn read_ids_in_chain(
-        &mut self,
-        ids: &[Uuid],
-        deadline: Instant,
-    ) -> Result<bool, Failure> {
-        let local = GetOptions::new().with_serializable();
-        let mut ops = vec![TxnOp::get(self.keys.head(), Some(local.clone()))];
-        ops.extend(
-            ids.iter()
-                .map(|id| TxnOp::get(self.keys.id(id), Some(local.clone()))),
-        );
-        let response = self
-            .etcd
-            .txn("looking up event ids", deadline, Txn::new().and_then(ops))
-            .await?;
-        let values = gets(&response);
-        let damaged = |reason: String| Failure::Refused {
-            context: "looking up event ids",
-            reason,
-        };
-        if values.len() != ids.len() + 1 {
-            return Err(damaged(format!(
-                "etcd answered {} of {} reads",
-                values.len(),
-                ids.len() + 1
-            )));
-        }
-        let head = match values.first().cloned().flatten() {
-            Some(kv) => Head::decode(kv.value()).map_err(|e| damaged(e.to_string()))?,
-            None => Head::EMPTY,
-        };
-        if !self.own_heads.contains(&head) {
-            return Ok(false);
-        }
-        for (id, value) in ids.iter().zip(values.into_iter().skip(1)) {
-            match value {
-                Some(kv) => {
-                    let location =
-                        IdLocation::decode(id, kv.value()).map_err(|e| damaged(e.to_string()))?;
-                    self.ids.insert(*id, location);
-                }
-                None => {
-                    self.absent.insert(*id);
-                }
-            }
-        }
-        Ok(true)
-    }
-
-    /// How `request` fares against the caches plus the group's earlier effects.
-    fn decide(&self, overlay: &Overlay, request: &AppendRequest) -> Decision {
-        let locations: Vec<Option<&IdLocation>> = request
+    /// How `request` fares against the index, the claim cache and the effects of the groups in
+    /// flight and of the requests before it in its group.
+    fn decide(&self, index: &LogIndex, overlay: &Overlay, request: &AppendRequest) -> Decision {
+        let locations: Vec<Option<IdLocation>> = request
             .events
             .iter()
-            .map(|e| overlay.ids.get(&e.id).or_else(|| self.ids.get(&e.id)))
+            .map(|e| {
+                overlay
+                    .ids
+                    .get(&e.id)
+                    .or_else(|| self.speculative.ids.get(&e.id))
+                    .cloned()
+                    .or_else(|| index.id(&e.id))
+            })
             .collect();
         let committed = locations.iter().filter(|l| l.is_some()).count();
         if committed == request.events.len() {
-            let at: Vec<_> = locations.iter().map(|l| l.map(IdLocation::at)).collect();
+            let at: Vec<_> = locations
+                .iter()
+                .map(|l| l.as_ref().map(IdLocation::at))
+                .collect();
             return match vmplane_store::log::replay_or_reuse(request, &at) {
                 Ok(replayed) => Decision::Replay(replayed),
                 Err(err) => Decision::Reject(err),
@@ -865,23 +765,13 @@ impl Committer {
                 not_written: not_done.into_iter().map(|(e, _)| e.id).collect(),
             });
         }
-        // `load` put every stream, claim and event id of the group in the caches; deciding
-        // without one would guess, so a missing one fails the request instead.
-        let not_loaded = |what: String| {
-            Decision::Reject(Error::Storage {
-                context: "deciding an append",
-                reason: format!("{what} was not loaded from etcd"),
-            })
-        };
-        if let Some(event) = request.events.iter().find(|e| !self.absent.contains(&e.id)) {
-            return not_loaded(format!("whether event id {} is committed", event.id));
-        }
-        let actual = match overlay.heads.get(&request.stream) {
+        let actual = match overlay
+            .heads
+            .get(&request.stream)
+            .or_else(|| self.speculative.heads.get(&request.stream))
+        {
             Some(revision) => Some(*revision),
-            None => match self.streams.get(&request.stream) {
-                Some(revision) => *revision,
-                None => return not_loaded(format!("the revision of stream {}", request.stream)),
-            },
+            None => index.stream_revision(&request.stream),
         };
         if !request.expected.admits(actual) {
             return Decision::Reject(Error::Conflict {
@@ -891,17 +781,25 @@ impl Committer {
                 not_written: request.event_ids(),
             });
         }
-        if let Some(claim) = request
-            .claims
-            .iter()
-            .find(|c| !overlay.claims.contains_key(c.key()) && !self.claims.contains_key(c.key()))
-        {
-            return not_loaded(format!("the holder of claim {}", claim.key()));
-        }
-        let holder = |key: &str| match overlay.claims.get(key) {
-            Some(change) => change.clone(),
-            None => self.claims.get(key).cloned().flatten(),
+        let change = |key: &str| {
+            overlay
+                .claims
+                .get(key)
+                .or_else(|| self.speculative.claims.get(key))
+                .or_else(|| self.claims.get(key))
         };
+        // `load` put every claim of the group in the cache; deciding without one would guess,
+        // so a missing one fails the request instead.
+        if let Some(claim) = request.claims.iter().find(|c| change(c.key()).is_none()) {
+            return Decision::Reject(Error::Storage {
+                context: "deciding an append",
+                reason: format!(
+                    "the holder of claim {} was not loaded from etcd",
+                    claim.key()
+                ),
+            });
+        }
+        let holder = |key: &str| change(key).cloned().flatten();
         match decide_claims(&request.claims, &holder) {
             Err((key, holder)) => Decision::Reject(Error::ClaimTaken {
                 key,
@@ -941,12 +839,10 @@ impl Committer {
         ];
         let mut batch = codec::BatchWriter::new();
         let mut prev_hash = self.head.hash;
-        let mut first_id = None;
         for (request, decision) in group.iter().zip(decisions) {
             let Decision::Accept {
                 first_revision,
                 first_position: request_first,
-                count,
                 ..
             } = decision
             else {
@@ -973,25 +869,8 @@ impl Committer {
                 let hash = event_hash(&event);
                 event.hash = &hash;
                 batch.push(&event);
-                let location = IdLocation {
-                    position,
-                    revision,
-                    stream: request.stream.clone(),
-                };
-                success.push(TxnOp::put(keys.id(&proposed.id), location.encode(), None));
-                first_id.get_or_insert(proposed.id);
                 prev_hash = hash;
             }
-            let entry = StreamEntry {
-                first_revision: *first_revision,
-                first_position: *request_first,
-                count: *count,
-            };
-            success.push(TxnOp::put(
-                keys.stream_entry(&request.stream, *first_revision),
-                entry.encode_value(),
-                None,
-            ));
         }
         for (key, owner) in &overlay.claims {
             success.push(match owner {
@@ -1024,31 +903,71 @@ impl Committer {
         Plan {
             txn: Txn::new().when(compares).and_then(success).or_else(failure),
             head,
-            first_id: first_id.unwrap_or_default(),
         }
     }
 
-    /// The group is committed: the caches take its effects and the head is published.
-    fn apply(&mut self, head: Head, overlay: Overlay) {
-        debug_assert_eq!(head.position + 1, overlay.next_position);
+    /// The group is committed: the index takes it and the head is published.
+    async fn apply(
+        &mut self,
+        group: &[&AppendRequest],
+        decisions: &[Decision],
+        head: Head,
+        events: u64,
+    ) {
+        self.index_committed(group, decisions, head).await;
         self.head = head;
-        for (stream, revision) in overlay.heads {
-            self.streams.insert(stream, Some(revision));
-        }
-        for (key, owner) in overlay.claims {
-            self.claims.insert(key, owner);
-        }
-        let events = overlay.ids.len() as u64;
-        for id in overlay.ids.keys() {
-            self.absent.remove(id);
-        }
-        self.ids.extend(overlay.ids);
         self.own_head(head);
         self.shared.commits.fetch_add(1, Ordering::Relaxed);
         self.shared
             .committed_events
             .fetch_add(events, Ordering::Relaxed);
         self.shared.publish(head.position);
+    }
+
+    /// Takes a committed group that ends at `head` into the claim cache, and into the index
+    /// unless a reader has read it there already. If the index is short of the group's first
+    /// position (cannot happen while groups are answered in order), the committer goes stale
+    /// and the next load reads it.
+    async fn index_committed(
+        &mut self,
+        group: &[&AppendRequest],
+        decisions: &[Decision],
+        head: Head,
+    ) {
+        for decision in decisions {
+            if let Decision::Accept { claims, .. } = decision {
+                for (key, owner) in claims {
+                    self.claims.insert(key.clone(), owner.clone());
+                }
+            }
+        }
+        let mut index = self.index.lock().await;
+        if index.head().position >= head.position {
+            return;
+        }
+        let taken = (|| {
+            for (request, decision) in group.iter().zip(decisions) {
+                if let Decision::Accept {
+                    first_revision,
+                    first_position,
+                    ..
+                } = decision
+                {
+                    index.append(
+                        &request.stream,
+                        *first_revision,
+                        *first_position,
+                        request.events.iter().map(|e| e.id),
+                    )?;
+                }
+            }
+            index.advance(head)
+        })();
+        if let Err(err) = taken {
+            tracing::warn!(%err, "the etcd log's index did not take a committed group; re-reading");
+            *index = LogIndex::new();
+            self.stale = true;
+        }
     }
 }
 
@@ -1065,8 +984,6 @@ struct InFlight {
     resent: u32,
     /// The head once it commits.
     head: Head,
-    first_id: Uuid,
-    ids: Vec<Uuid>,
     events: u64,
     sent: Instant,
     response: tokio::task::JoinHandle<Result<TxnResponse, Failure>>,
@@ -1135,13 +1052,14 @@ impl Overlay {
         claims: &[(String, Option<String>)],
     ) {
         let count = request.events.len() as u64;
+        let stream: Arc<str> = Arc::from(request.stream.as_str());
         for (offset, event) in request.events.iter().enumerate() {
             self.ids.insert(
                 event.id,
                 IdLocation {
                     position: first_position + offset as u64,
                     revision: first_revision + offset as u64,
-                    stream: request.stream.clone(),
+                    stream: Arc::clone(&stream),
                 },
             );
         }
@@ -1151,6 +1069,14 @@ impl Overlay {
             self.claims.insert(key.clone(), owner.clone());
         }
         self.next_position = first_position + count;
+    }
+
+    /// Takes the effects of `later`, a group decided after everything in this one.
+    fn absorb(&mut self, later: Overlay) {
+        self.heads.extend(later.heads);
+        self.claims.extend(later.claims);
+        self.ids.extend(later.ids);
+        self.next_position = later.next_position;
     }
 }
 
@@ -1176,12 +1102,20 @@ mod tests {
         )
     }
 
-    /// How many one-event appends on distinct streams one group takes under `ops_max`.
-    fn group_size(ops_max: usize) -> usize {
+    /// How many one-event appends on distinct streams (each with `claims` claims) one group
+    /// takes under `ops_max`.
+    fn group_size(ops_max: usize, claims: usize) -> usize {
         let mut budget = Budget::default();
         let mut taken = 0;
         loop {
-            let cost = Budget::cost(&one_event_append(&format!("s{taken}")));
+            let mut append = one_event_append(&format!("s{taken}"));
+            append.claims = (0..claims)
+                .map(|c| vmplane_store::Claim::Acquire {
+                    key: format!("k{taken}/{c}"),
+                    owner: "o".into(),
+                })
+                .collect();
+            let cost = Budget::cost(&append);
             if taken > 0 && !budget.fits(&cost, ops_max) {
                 return taken;
             }
@@ -1191,10 +1125,19 @@ mod tests {
     }
 
     #[test]
-    fn a_group_uses_two_operations_per_one_event_append_and_the_configured_limit() {
-        // Per append: its id and its stream entry; per group: batch, time index and head.
-        assert_eq!(group_size(128), 62);
-        assert_eq!(group_size(1024), 510);
+    fn a_group_uses_operations_only_for_claims_and_respects_the_configured_limit() {
+        // Events and their ids share the batch's one put: a group of plain appends is bounded
+        // by bytes, not by etcd's operation limit.
+        let plain = group_size(128, 0);
+        assert!(plain > 1_000, "{plain} plain appends per group");
+        assert!(
+            plain <= GROUP_BYTES_MAX / 656,
+            "{plain} plain appends per group"
+        );
+        assert_eq!(plain, group_size(1024, 0));
+        // Per claim: one put (and one read when not cached); per group: batch, time index, head.
+        assert_eq!(group_size(128, 1), 125);
+        assert_eq!(group_size(1024, 1), 1021);
         let largest = AppendRequest::new(
             "s",
             ExpectedRevision::Any,

@@ -5,8 +5,6 @@
 //! <ns>/v1/log/<last pos:020>                    the events of one committed transaction, in
 //!                                               position order (a batch, codec.rs); the key
 //!                                               names its LAST position    immutable, create-only
-//! <ns>/v1/id/<uuid>                             "<pos:020>:<rev:020>:<stream>"           immutable
-//! <ns>/v1/stream/<len:04>/<stream>/<!rev:020>   "<pos:020>:<count>"  one per append, immutable
 //! <ns>/v1/claim/<key>                           owner                          put / deleted
 //! <ns>/v1/time/<recorded_at:020>/<pos:020>      ""  one per committed batch (its first position)
 //! <ns>/v1/leader/<name>                         holder  with the term's lease; create revision =
@@ -18,16 +16,14 @@
 //! its last position: batches are contiguous, so the batch holding position `p` is the first key
 //! at or after `log/<p>`, one ascending `limit 1` range with no window to bound, and reading
 //! the log after `p` is an ascending range from `log/<p + 1>` (its first batch may start before
-//! `p + 1`; readers skip what they do not want). An append's events are always in one batch. A
-//! stream's entries are keyed by the
-//! *complement* of their first revision (`u64::MAX - rev`), so the stream's latest entry is the
-//! first key of its range: its revision is one `limit 1` range away, with no separate mutable
-//! stream-head key to write on every append (etcd's sorted ranges read the whole range, so a
-//! descending sort is never used). A stream's keys carry the name's length first, so no stream's
-//! range holds another's keys (`s` and `s/0`, `s` and `s2`). `recorded_at` (signed nanoseconds) is
-//! stored offset by 2^63 so it sorts as unsigned.
+//! `p + 1`; readers skip what they do not want). An append's events are always in one batch.
+//! There is no key per event id or per stream: those indexes are kept in memory from the
+//! batches (`index.rs`). Logs written before that change also hold `id/` and `stream/` keys;
+//! nothing reads them. `recorded_at` (signed nanoseconds) is stored offset by 2^63 so it sorts
+//! as unsigned.
 
-use uuid::Uuid;
+use std::sync::Arc;
+
 use vmplane_store::{Error, Position, Result, Revision, Timestamp};
 
 /// The keys of one log, all under `<namespace>/v1/`.
@@ -61,52 +57,6 @@ impl Keys {
     pub(crate) fn log_position(&self, key: &[u8]) -> Option<u64> {
         let rest = key.strip_prefix(self.log_prefix().as_slice())?;
         parse_u64(rest)
-    }
-
-    pub(crate) fn id(&self, id: &Uuid) -> Vec<u8> {
-        format!("{}id/{}", self.root, id.as_hyphenated()).into_bytes()
-    }
-
-    /// The prefix of every index entry of `stream`.
-    pub(crate) fn stream_prefix(&self, stream: &str) -> Vec<u8> {
-        format!("{}stream/{:04}/{stream}/", self.root, stream.len()).into_bytes()
-    }
-
-    pub(crate) fn stream_entry(&self, stream: &str, first_revision: Revision) -> Vec<u8> {
-        let mut key = self.stream_prefix(stream);
-        key.extend_from_slice(format!("{:020}", u64::MAX - first_revision).as_bytes());
-        key
-    }
-
-    /// The first revision a stream entry key names.
-    pub(crate) fn stream_entry_revision(&self, stream: &str, key: &[u8]) -> Option<Revision> {
-        let inverted = parse_u64(key.strip_prefix(self.stream_prefix(stream).as_slice())?)?;
-        Some(u64::MAX - inverted)
-    }
-
-    /// Reads a range over the stream's entries that returns only its latest one.
-    pub(crate) fn latest_entry_read(&self, stream: &str) -> (Vec<u8>, etcd_client::GetOptions) {
-        let prefix = self.stream_prefix(stream);
-        let end = prefix_end(&prefix);
-        (
-            prefix,
-            etcd_client::GetOptions::new().with_range(end).with_limit(1),
-        )
-    }
-
-    /// The stream entry stored at `key` with `value`.
-    pub(crate) fn parse_entry(
-        &self,
-        stream: &str,
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<StreamEntry> {
-        let revision = self
-            .stream_entry_revision(stream, key)
-            .ok_or_else(|| Error::Damaged {
-                reason: format!("a malformed index key of stream {stream}"),
-            })?;
-        StreamEntry::decode(stream, revision, value)
     }
 
     pub(crate) fn claim(&self, key: &str) -> Vec<u8> {
@@ -216,7 +166,7 @@ impl Head {
 pub(crate) struct IdLocation {
     pub position: u64,
     pub revision: Revision,
-    pub stream: String,
+    pub stream: Arc<str>,
 }
 
 impl IdLocation {
@@ -228,32 +178,10 @@ impl IdLocation {
             revision: self.revision,
         }
     }
-
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        format!(
-            "{:020}:{:020}:{}",
-            self.position, self.revision, self.stream
-        )
-        .into_bytes()
-    }
-
-    pub(crate) fn decode(id: &Uuid, value: &[u8]) -> Result<IdLocation> {
-        let damaged = || Error::Damaged {
-            reason: format!("the etcd id index entry of {id} is malformed"),
-        };
-        if value.len() < 42 || value[20] != b':' || value[41] != b':' {
-            return Err(damaged());
-        }
-        Ok(IdLocation {
-            position: parse_u64(&value[..20]).ok_or_else(damaged)?,
-            revision: parse_u64(&value[21..41]).ok_or_else(damaged)?,
-            stream: String::from_utf8(value[42..].to_vec()).map_err(|_| damaged())?,
-        })
-    }
 }
 
-/// One append's entry in its stream's index: revisions `first_revision..` at positions
-/// `first_position..`, `count` of them.
+/// A run of a stream's events in the index: revisions `first_revision..` at positions
+/// `first_position..`, `count` of them (one append, or several that followed each other).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StreamEntry {
     pub first_revision: Revision,
@@ -268,28 +196,6 @@ impl StreamEntry {
 
     pub(crate) fn position_of(&self, revision: Revision) -> Position {
         Position(self.first_position + (revision - self.first_revision))
-    }
-
-    pub(crate) fn encode_value(&self) -> Vec<u8> {
-        format!("{:020}:{}", self.first_position, self.count).into_bytes()
-    }
-
-    pub(crate) fn decode(stream: &str, first_revision: Revision, value: &[u8]) -> Result<Self> {
-        let damaged = || Error::Damaged {
-            reason: format!("the etcd stream index entry {stream}@{first_revision} is malformed"),
-        };
-        if value.len() < 22 || value[20] != b':' {
-            return Err(damaged());
-        }
-        let entry = StreamEntry {
-            first_revision,
-            first_position: parse_u64(&value[..20]).ok_or_else(damaged)?,
-            count: parse_u64(&value[21..]).ok_or_else(damaged)?,
-        };
-        if entry.count == 0 || entry.first_revision == 0 || entry.first_position == 0 {
-            return Err(damaged());
-        }
-        Ok(entry)
     }
 }
 
@@ -310,7 +216,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_sort_numerically_and_streams_do_not_overlap() {
+    fn keys_sort_numerically() {
         let keys = Keys::new("ns/");
         assert_eq!(keys.head(), b"ns/v1/head");
         assert!(keys.log(9) < keys.log(10));
@@ -318,16 +224,6 @@ mod tests {
         assert!(keys.time(Timestamp(-1), 5) < keys.time(Timestamp(0), 1));
         assert!(keys.time(Timestamp(i64::MIN), 0) < keys.time(Timestamp(i64::MAX), 0));
         assert_eq!(keys.time_position(&keys.time(Timestamp(7), 99)), Some(99));
-        let s = keys.stream_entry("s", 3);
-        let prefix = keys.stream_prefix("s");
-        assert!(s.starts_with(&prefix));
-        assert!(!keys.stream_entry("s/0", 1).starts_with(&prefix));
-        assert!(!keys.stream_entry("s2", 1).starts_with(&prefix));
-        assert!(
-            keys.stream_entry("s", 4) < s,
-            "the latest entry sorts first"
-        );
-        assert_eq!(keys.stream_entry_revision("s", &s), Some(3));
         assert_eq!(prefix_end(b"a/"), b"a0");
     }
 
@@ -340,24 +236,5 @@ mod tests {
         };
         assert_eq!(Head::decode(&head.encode()).unwrap(), head);
         assert!(Head::decode(b"12:zz:0").is_err());
-        let id = Uuid::now_v7();
-        let location = IdLocation {
-            position: 3,
-            revision: 2,
-            stream: "vm/a:b".into(),
-        };
-        assert_eq!(
-            IdLocation::decode(&id, &location.encode()).unwrap(),
-            location
-        );
-        let entry = StreamEntry {
-            first_revision: 4,
-            first_position: 9,
-            count: 3,
-        };
-        assert_eq!(
-            StreamEntry::decode("s", 4, &entry.encode_value()).unwrap(),
-            entry
-        );
     }
 }

@@ -29,17 +29,17 @@
 //!                                    envelope (position, stream, revision, id, time, actor,
 //!                                    correlation and causation, type, version, payload, prev
 //!                                    hash, hash); keyed by its last position          immutable
-//! id/<uuid>                          "<pos>:<rev>:<stream>"   idempotency index        immutable
-//! stream/<len:04>/<stream>/<!rev:020>  "<first pos>:<count>"  one per append           immutable
 //! claim/<key>                        owner                    (deleted when released)
 //! time/<recorded_at:020>/<pos:020>   ""   one per committed batch, at its first position  immutable
 //! leader/<name>                      holder, with the term's lease; create revision = fence token
 //! ```
 //!
-//! `!rev` is `u64::MAX - first revision`: a stream's latest entry sorts first, so its revision is
-//! a `limit 1` range and no mutable stream-head key is rewritten on every append. `position_at`
-//! is one `limit 1` range over the time index (etcd reads a whole range when asked to sort, so
-//! nothing here sorts).
+//! There is no key per event id or per stream: each `EtcdLog` keeps those indexes in memory
+//! (`index.rs`), built from the batches at open (in the background) and kept current from its
+//! own commits and, when another server wrote, by reading the batches after its head. That
+//! costs about 50 bytes of memory per event and saves two etcd operations per append (etcd's
+//! cost is per operation). `position_at` is one `limit 1` range over the time index (etcd reads
+//! a whole range when asked to sort, so nothing here sorts).
 //!
 //! A batch is keyed by its last position, so the batch holding position `p` is the first key at
 //! or after `log/<p>` (one ascending `limit 1` range), and an append's events are always in one
@@ -57,10 +57,10 @@
 //! key. Racing writers collapse on that word (the reference measured 321 appends/s with 16
 //! writers), so each `EtcdLog` has **one committer task** that packs every waiting append into
 //! one transaction — within etcd's 128 operations per list and 1.5 MiB per request — guarded by
-//! `head == <the head it knows>`. Event ids are read (with the head, in one snapshot) before
-//! deciding; since every id is written only by a transaction that moves and compares the head,
-//! ids absent at head H are still absent when a transaction guarded by `head == H` commits, so
-//! no per-id compare is needed. Several servers, each with its own `EtcdLog` on one namespace,
+//! `head == <the head it knows>`. Event ids and stream revisions are decided on the in-memory
+//! index, complete at that head: an id it lacks is not in the log at head H, and a transaction
+//! guarded by `head == H` commits only if nothing was written since, so no per-id compare is
+//! needed. Several servers, each with its own `EtcdLog` on one namespace,
 //! stay correct: a failed guard means another server committed; the committer reloads and
 //! decides again (details in the `commit` module). Commit transactions go to the leader's
 //! endpoint first (found from each member's status, looked for again after a failure and every
@@ -119,6 +119,7 @@ mod commit;
 mod etcd;
 #[cfg(feature = "harness")]
 pub mod harness;
+mod index;
 mod keys;
 mod leader;
 mod read;
@@ -143,10 +144,11 @@ use vmplane_store::{
 
 use crate::commit::{Committer, Pending};
 use crate::etcd::Etcd;
+use crate::index::LogIndex;
 use crate::keys::{Head, Keys};
 
 /// etcd's default `--max-txn-ops`, and the least [`EtcdOptions::txn_ops_max`] accepts (the
-/// largest append needs 70 operations; reads are sent in lists of this size).
+/// largest append needs 19 operations; reads are sent in lists of this size).
 pub const DEFAULT_TXN_OPS_MAX: usize = crate::etcd::TXN_OPS_MAX;
 
 /// Bytes in a namespace: it prefixes every key, and a full transaction must stay below etcd's
@@ -172,9 +174,9 @@ pub struct EtcdOptions {
     pub pipeline_depth: usize,
     /// The most operations the committer puts in each list of one transaction: etcd's
     /// `--max-txn-ops`, which must be at least this on every member (etcd refuses a larger
-    /// transaction). Default 128, etcd's default; at least 128. A higher value lets one
-    /// transaction carry more events (about one per 2 operations for one-event appends), which
-    /// pays only when more appends wait than 128 operations hold.
+    /// transaction). Default 128, etcd's default; at least 128. Only claims take operations per
+    /// append (events and their ids share the batch's one put), so a higher value pays only
+    /// when more than about 120 appends that claim something wait at once.
     pub txn_ops_max: usize,
 }
 
@@ -255,6 +257,8 @@ pub struct EtcdLog {
     keys: Keys,
     options: EtcdOptions,
     shared: Arc<Shared>,
+    /// Event ids and streams up to some head (see `index.rs`); the committer's and the readers'.
+    index: Arc<tokio::sync::Mutex<LogIndex>>,
     queue: Option<mpsc::UnboundedSender<Pending>>,
 }
 
@@ -269,10 +273,9 @@ impl fmt::Debug for EtcdLog {
 }
 
 impl EtcdLog {
-    /// The bounds of this backend. One append always fits one etcd transaction: per event an
-    /// `id/` put, plus the stream entry, every claim, the batch, the head and the time index
-    /// stay within 128 operations (50 + 1 + 16 + 3 = 70), and the largest
-    /// append (1 MiB of payload plus 50 maximal envelopes) stays below etcd's 1.5 MiB.
+    /// The bounds of this backend. One append always fits one etcd transaction: every claim,
+    /// the batch, the head and the time index stay within 128 operations (16 + 3 = 19), and the
+    /// largest append (1 MiB of payload plus 50 maximal envelopes) stays below etcd's 1.5 MiB.
     pub const LIMITS: Limits = Limits {
         append_batch_events_max: 50,
         append_claims_max: 16,
@@ -341,12 +344,32 @@ impl EtcdLog {
             Ok::<_, Error>((etcd, head, revision))
         })?;
         let shared = Arc::new(Shared::new(head.position));
+        let index = Arc::new(tokio::sync::Mutex::new(LogIndex::new()));
+        // Index the log in the background: the first append or stream read waits for it (a
+        // failure here is retried by whoever needs the index next).
+        {
+            let (etcd, keys, index) = (etcd.clone(), keys.clone(), Arc::clone(&index));
+            let unavailable_after = options.unavailable_after;
+            runtime.spawn(async move {
+                let started = Instant::now();
+                let mut index = index.lock().await;
+                match index.catch_up(&etcd, &keys, head, unavailable_after).await {
+                    Ok(()) => tracing::debug!(
+                        events = index.len(),
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "indexed the etcd log"
+                    ),
+                    Err(err) => tracing::warn!(%err, "indexing the etcd log at open failed; retried on first use"),
+                }
+            });
+        }
         let (queue, receiver) = mpsc::unbounded_channel();
         let committer = Committer::new(
             etcd.clone(),
             keys.clone(),
             options.clone(),
             Arc::clone(&shared),
+            Arc::clone(&index),
             head,
         );
         runtime.spawn(committer.run(receiver));
@@ -363,6 +386,7 @@ impl EtcdLog {
             keys,
             options,
             shared,
+            index,
             queue: Some(queue),
         })
     }

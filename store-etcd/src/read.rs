@@ -1,9 +1,10 @@
 //! Reads: all of them go to etcd (linearizable by default), since another server may have
-//! written. Everything is read from the immutable position-numbered batches and indexes, paged,
-//! never through etcd's history. The batch holding position `p` is the first `log/` key at or
-//! after `log/<p>` (keys name a batch's last position).
+//! written. Everything is read from the immutable position-numbered batches, paged, never
+//! through etcd's history; reads by stream first read the head, bring the in-memory index up to
+//! it, and find the stream's positions there. The batch holding position `p` is the first
+//! `log/` key at or after `log/<p>` (keys name a batch's last position).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use etcd_client::GetOptions;
 use vmplane_store::hash::{GENESIS_PREV_HASH, event_hash};
@@ -15,7 +16,8 @@ use vmplane_store::{
 use crate::EtcdLog;
 use crate::codec;
 use crate::etcd::TXN_OPS_MAX;
-use crate::keys::{Head, IdLocation, StreamEntry, key_after, prefix_end};
+use crate::index::LogIndex;
+use crate::keys::{Head, StreamEntry, key_after, prefix_end};
 
 /// Events visited per page by scans and verification.
 const READ_PAGE_EVENTS_MAX: u64 = 256;
@@ -182,30 +184,24 @@ impl EtcdLog {
         }
     }
 
+    /// The index, brought up to the head etcd has now (or later: the committer or another
+    /// reader may have moved it further, which a linearizable read allows).
+    pub(crate) async fn index_now(&self) -> Result<tokio::sync::MutexGuard<'_, LogIndex>> {
+        let head = self.read_head().await?;
+        let mut index = self.index.lock().await;
+        if index.head().position < head.position {
+            index
+                .catch_up(&self.etcd, &self.keys, head, self.options.unavailable_after)
+                .await?;
+        }
+        Ok(index)
+    }
+
     pub(crate) async fn stream_revision_inner(&self, stream: &str) -> Result<Option<Revision>> {
         if stream.len() > Self::LIMITS.stream_name_bytes_max {
             return Ok(None);
         }
-        let (from, options) = self.keys.latest_entry_read(stream);
-        let end = prefix_end(&from);
-        let response = self
-            .etcd
-            .range(
-                "reading a stream's revision",
-                self.deadline(),
-                from,
-                end,
-                options,
-            )
-            .await?;
-        match response.kvs().first() {
-            Some(kv) => Ok(Some(
-                self.keys
-                    .parse_entry(stream, kv.key(), kv.value())?
-                    .last_revision(),
-            )),
-            None => Ok(None),
-        }
+        Ok(self.index_now().await?.stream_revision(stream))
     }
 
     pub(crate) async fn claim_holder_inner(&self, key: &str) -> Result<Option<String>> {
@@ -223,35 +219,6 @@ impl EtcdLog {
         }
     }
 
-    /// The stream's index entries whose first revision is in `[low, high]`, in revision order.
-    async fn stream_entries(
-        &self,
-        stream: &str,
-        low: Revision,
-        high: Revision,
-    ) -> Result<Vec<StreamEntry>> {
-        // Keys hold the complement of the revision: the range runs from `high` down to `low`.
-        let from = self.keys.stream_entry(stream, high);
-        let end = key_after(&self.keys.stream_entry(stream, low));
-        let response = self
-            .etcd
-            .range(
-                "reading a stream's index",
-                self.deadline(),
-                from,
-                end,
-                GetOptions::new(),
-            )
-            .await?;
-        let mut entries = response
-            .kvs()
-            .iter()
-            .map(|kv| self.keys.parse_entry(stream, kv.key(), kv.value()))
-            .collect::<Result<Vec<_>>>()?;
-        entries.reverse();
-        Ok(entries)
-    }
-
     pub(crate) async fn read_stream_inner(
         &self,
         stream: &str,
@@ -263,20 +230,15 @@ impl EtcdLog {
         if max_count == 0 || stream.len() > Self::LIMITS.stream_name_bytes_max {
             return Ok(Vec::new());
         }
-        // An entry covers at most one append, so the one holding revision r starts at or after
-        // r − (append_batch_events_max − 1).
-        let span = Self::LIMITS.append_batch_events_max as u64 - 1;
-        // (entry, first revision wanted, last revision wanted), in the order they are returned.
+        // (run, first revision wanted, last revision wanted), in the order they are returned.
         let mut wanted: Vec<(StreamEntry, Revision, Revision)> = Vec::new();
         let mut total = 0u64;
+        let index = self.index_now().await?;
         match direction {
             Direction::Forward => {
                 let from = from.max(1);
                 let high = from.saturating_add(max_count);
-                for entry in self
-                    .stream_entries(stream, from.saturating_sub(span).max(1), high)
-                    .await?
-                {
+                for entry in index.runs(stream, from, high) {
                     if entry.last_revision() < from {
                         continue;
                     }
@@ -294,16 +256,15 @@ impl EtcdLog {
                     return Ok(Vec::new());
                 }
                 let from = if from == u64::MAX {
-                    match self.stream_revision_inner(stream).await? {
+                    match index.stream_revision(stream) {
                         Some(revision) => revision,
                         None => return Ok(Vec::new()),
                     }
                 } else {
                     from
                 };
-                let low = from.saturating_sub(max_count + span).max(1);
-                let entries = self.stream_entries(stream, low, from).await?;
-                for entry in entries.into_iter().rev() {
+                let low = from.saturating_sub(max_count).max(1);
+                for entry in index.runs(stream, low, from).into_iter().rev() {
                     let last = entry.last_revision().min(from);
                     let first = entry
                         .first_revision
@@ -316,10 +277,11 @@ impl EtcdLog {
                 }
             }
         }
+        drop(index);
         let mut events = Vec::with_capacity(total as usize);
         let log_end = prefix_end(&self.keys.log_prefix());
         for chunk in wanted.chunks(TXN_OPS_MAX) {
-            // An append's events are all in one batch: the one holding its first position.
+            // A run's events are all in one batch: the one holding its first position.
             let reads = chunk
                 .iter()
                 .map(|(entry, first, _)| {
@@ -374,7 +336,7 @@ impl EtcdLog {
         let mut prev_hash = GENESIS_PREV_HASH;
         let mut last_recorded_at = i64::MIN;
         let mut revisions: HashMap<String, Revision> = HashMap::new();
-        let mut last_positions: HashMap<String, u64> = HashMap::new();
+        let mut ids: HashSet<uuid::Uuid> = HashSet::new();
         let mut checked = 0u64;
         while checked < head.position {
             let page = self
@@ -383,15 +345,7 @@ impl EtcdLog {
             if page.is_empty() {
                 break;
             }
-            let reads = page
-                .iter()
-                .map(|event| (self.keys.id(&event.id), None))
-                .collect();
-            let ids = self
-                .etcd
-                .read_many("verifying the id index", self.deadline(), reads)
-                .await?;
-            for (event, id_kvs) in page.iter().zip(ids) {
+            for event in &page {
                 let position = event.position;
                 let corrupt = |reason: String| Error::Corrupt { position, reason };
                 if event.prev_hash != prev_hash {
@@ -410,22 +364,13 @@ impl EtcdLog {
                     )));
                 }
                 *revision = event.revision;
-                last_positions.insert(event.stream.clone(), position.0);
                 if event.recorded_at.0 < last_recorded_at {
                     return Err(corrupt("recorded_at goes backwards".into()));
                 }
                 last_recorded_at = event.recorded_at.0;
-                let location = id_kvs
-                    .first()
-                    .and_then(|kv| IdLocation::decode(&event.id, kv.value()).ok());
-                let expected = IdLocation {
-                    position: position.0,
-                    revision: event.revision,
-                    stream: event.stream.clone(),
-                };
-                if location.as_ref() != Some(&expected) {
+                if !ids.insert(event.id) {
                     return Err(corrupt(format!(
-                        "the event-id index entry of {} is missing or wrong",
+                        "event id {} is in the log twice",
                         event.id
                     )));
                 }
@@ -463,48 +408,9 @@ impl EtcdLog {
                 reason: format!("an event lies past the head {}", head.position),
             });
         }
-        self.verify_stream_heads(&revisions, &last_positions)
-            .await?;
         Ok(VerifyReport {
             events: head.position,
             head_hash: head.hash,
         })
-    }
-
-    /// Pair check: every stream's latest index entry ends at the stream's last revision.
-    async fn verify_stream_heads(
-        &self,
-        revisions: &HashMap<String, Revision>,
-        last_positions: &HashMap<String, u64>,
-    ) -> Result<()> {
-        let streams: Vec<(&String, &Revision)> = revisions.iter().collect();
-        let reads = streams
-            .iter()
-            .map(|(stream, _)| {
-                let (key, options) = self.keys.latest_entry_read(stream);
-                (key, Some(options))
-            })
-            .collect();
-        let latest = self
-            .etcd
-            .read_many("verifying stream indexes", self.deadline(), reads)
-            .await?;
-        for ((stream, revision), kvs) in streams.into_iter().zip(latest) {
-            let stored = kvs.first().and_then(|kv| {
-                self.keys
-                    .parse_entry(stream, kv.key(), kv.value())
-                    .ok()
-                    .map(|entry| entry.last_revision())
-            });
-            if stored != Some(*revision) {
-                return Err(Error::Corrupt {
-                    position: Position(last_positions.get(stream).copied().unwrap_or(0)),
-                    reason: format!(
-                        "the index of stream {stream} ends at {stored:?}, its events at {revision}"
-                    ),
-                });
-            }
-        }
-        Ok(())
     }
 }

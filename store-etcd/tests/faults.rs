@@ -323,6 +323,79 @@ fn two_servers_share_one_log() {
     assert_eq!(ids.len() as u64, total, "no event twice");
 }
 
+/// One stream written in turns through two servers, each turn expecting the revision the other
+/// server just wrote: every server decides on the other's commits (its index reads the batches
+/// it did not write), reads them by stream, and a stale expectation is a conflict naming the
+/// actual revision.
+#[test]
+fn a_stream_continued_in_turns_through_two_servers_reads_and_decides_on_both() {
+    let options = support::cluster().options(&support::namespace("stream-turns"));
+    let servers = [
+        EtcdLog::open(options.clone()).expect("open a"),
+        EtcdLog::open(options).expect("open b"),
+    ];
+    for turn in 0..20u64 {
+        let (this, other) = (
+            &servers[(turn % 2) as usize],
+            &servers[((turn + 1) % 2) as usize],
+        );
+        let before = 2 * turn;
+        assert_eq!(
+            this.stream_revision("turns").unwrap(),
+            Some(before).filter(|r| *r > 0),
+            "turn {turn}: the revision the other server wrote"
+        );
+        // An event on another stream through the other server, so the stream's runs interleave.
+        other
+            .append(AppendRequest::new(
+                format!("noise/{turn}"),
+                ExpectedRevision::NoStream,
+                vec![event(b"n")],
+            ))
+            .expect("noise");
+        let written = this
+            .append(AppendRequest::new(
+                "turns",
+                ExpectedRevision::Exact(before),
+                vec![event(b"t"), event(b"t")],
+            ))
+            .expect("append on the other server's revision");
+        assert_eq!(written.last_revision, before + 2);
+        // Read through the other server before it appends anything: its reads catch its
+        // index up themselves.
+        assert_eq!(other.stream_revision("turns").unwrap(), Some(before + 2));
+        let read = other
+            .read_stream("turns", 1, vmplane_store::Direction::Forward, 1_000)
+            .unwrap();
+        let revisions: Vec<u64> = read.iter().map(|e| e.revision).collect();
+        assert_eq!(
+            revisions,
+            (1..=before + 2).collect::<Vec<_>>(),
+            "turn {turn}"
+        );
+        let back = other
+            .read_stream("turns", u64::MAX, vmplane_store::Direction::Backward, 3)
+            .unwrap();
+        let revisions: Vec<u64> = back.iter().map(|e| e.revision).collect();
+        assert_eq!(
+            revisions,
+            ((before + 2).saturating_sub(2).max(1)..=before + 2)
+                .rev()
+                .collect::<Vec<_>>()
+        );
+        match other.append(AppendRequest::new(
+            "turns",
+            ExpectedRevision::Exact(before),
+            vec![event(b"late")],
+        )) {
+            Err(Error::Conflict { actual, .. }) => {
+                assert_eq!(actual, Some(before + 2), "turn {turn}")
+            }
+            answer => panic!("turn {turn}: a stale expectation conflicts, got {answer:?}"),
+        }
+    }
+}
+
 /// An append committed through one server and retried through another (as a client does after
 /// a lost answer and a failover) is replayed with its original positions, and its ids proposed
 /// on another stream are refused, while both committers are busy with groups of their own: no
