@@ -322,14 +322,20 @@ fn verify(logs: &[(String, Arc<EtcdLog>)]) {
             .expect("a stream read after open");
         let took = started.elapsed().as_secs_f64();
         let grew = resident_bytes().saturating_sub(rss_before);
+        let index = reopened.index_stats().expect("index stats");
+        assert_eq!(
+            index.events, verified.events,
+            "the new server indexed every event"
+        );
         println!(
-            "a new server opened and indexed ({}): {} events in {took:.2} s ({:.0} events/s), \
-             resident memory +{:.1} MiB ({:.0} bytes per event)",
+            "a new server opened and indexed ({}): {} events in {took:.2} s ({:.0} events/s); \
+             index tables {:.1} MiB ({:.0} bytes per event), process resident memory +{:.1} MiB",
             label.trim(),
             verified.events,
             verified.events as f64 / took,
+            index.heap_bytes as f64 / (1 << 20) as f64,
+            index.heap_bytes as f64 / verified.events.max(1) as f64,
             grew as f64 / (1 << 20) as f64,
-            grew as f64 / verified.events.max(1) as f64
         );
     }
 }

@@ -67,6 +67,21 @@ impl BatchWriter {
 /// Decodes the batch stored at `log/<last_position>`: its events, in position order, ending at
 /// `last_position`.
 pub(crate) fn decode_batch(last_position: u64, bytes: &[u8]) -> Result<Vec<RecordedEvent>> {
+    let mut events = Vec::new();
+    visit_batch(last_position, bytes, |event| {
+        events.push(event.to_owned_event());
+        Ok(())
+    })?;
+    Ok(events)
+}
+
+/// Visits the events of the batch stored at `log/<last_position>` in position order, borrowed
+/// from `bytes` (nothing copied), with every check [`decode_batch`] makes. Returns the count.
+pub(crate) fn visit_batch(
+    last_position: u64,
+    bytes: &[u8],
+    mut visit: impl FnMut(RecordedEventRef<'_>) -> Result<()>,
+) -> Result<u64> {
     let corrupt = |reason: String| Error::Corrupt {
         position: Position(last_position),
         reason: format!("the stored batch ending here does not decode: {reason}"),
@@ -82,18 +97,16 @@ pub(crate) fn decode_batch(last_position: u64, bytes: &[u8]) -> Result<Vec<Recor
         return Err(corrupt(format!("it claims {count} events")));
     }
     let first = last_position - count + 1;
-    // Each event takes at least its length word and magic: a bogus count allocates nothing big.
-    let mut events = Vec::with_capacity((count as usize).min(bytes.len() / 8));
     for position in first..=last_position {
         let chunk = reader
             .chunk()
             .ok_or_else(|| corrupt(format!("truncated before the event at {position}")))?;
-        events.push(decode(position, chunk)?);
+        visit(decode_ref(position, chunk)?)?;
     }
     if !reader.bytes.is_empty() {
         return Err(corrupt("trailing bytes".into()));
     }
-    Ok(events)
+    Ok(count)
 }
 
 /// The hash of the last event of the batch stored in `bytes`, if they hold one (cheap: walks
@@ -155,7 +168,13 @@ fn encode_into(event: &RecordedEventRef<'_>, out: &mut Vec<u8>) {
 }
 
 /// Decodes the event at `position` (one event of a batch).
+#[cfg(test)]
 fn decode(position: u64, bytes: &[u8]) -> Result<RecordedEvent> {
+    decode_ref(position, bytes).map(|event| event.to_owned_event())
+}
+
+/// The event at `position` (one event of a batch), borrowed from `bytes`.
+fn decode_ref(position: u64, bytes: &[u8]) -> Result<RecordedEventRef<'_>> {
     let corrupt = |reason: &str| Error::Corrupt {
         position: Position(position),
         reason: format!("the stored event does not decode: {reason}"),
@@ -176,12 +195,12 @@ fn decode(position: u64, bytes: &[u8]) -> Result<RecordedEvent> {
         _ => return Err(corrupt("bad causation flag")),
     };
     let schema_version = u16::from_be_bytes(reader.array().ok_or_else(truncated)?);
-    let prev_hash: [u8; 32] = reader.array().ok_or_else(truncated)?;
-    let hash: [u8; 32] = reader.array().ok_or_else(truncated)?;
-    let stream = reader.string().ok_or_else(|| corrupt("bad stream"))?;
-    let actor = reader.string().ok_or_else(|| corrupt("bad actor"))?;
-    let event_type = reader.string().ok_or_else(|| corrupt("bad event type"))?;
-    let payload = reader.chunk().ok_or_else(truncated)?.to_vec();
+    let prev_hash = reader.hash().ok_or_else(truncated)?;
+    let hash = reader.hash().ok_or_else(truncated)?;
+    let stream = reader.str().ok_or_else(|| corrupt("bad stream"))?;
+    let actor = reader.str().ok_or_else(|| corrupt("bad actor"))?;
+    let event_type = reader.str().ok_or_else(|| corrupt("bad event type"))?;
+    let payload = reader.chunk().ok_or_else(truncated)?;
     if !reader.bytes.is_empty() {
         return Err(corrupt("trailing bytes"));
     }
@@ -191,7 +210,7 @@ fn decode(position: u64, bytes: &[u8]) -> Result<RecordedEvent> {
             reason: format!("the event stored at {position} says it is at {stored_position}"),
         });
     }
-    Ok(RecordedEvent {
+    Ok(RecordedEventRef {
         position: Position(position),
         stream,
         revision,
@@ -208,7 +227,6 @@ fn decode(position: u64, bytes: &[u8]) -> Result<RecordedEvent> {
     })
 }
 
-/// The id of the event encoded in `bytes`, if they hold one (cheap: no full decode).
 /// The hash field of one stored event.
 fn stored_hash(bytes: &[u8]) -> Option<[u8; 32]> {
     let mut reader = Reader { bytes };
@@ -256,8 +274,12 @@ impl<'a> Reader<'a> {
         self.take(len)
     }
 
-    fn string(&mut self) -> Option<String> {
-        String::from_utf8(self.chunk()?.to_vec()).ok()
+    fn str(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.chunk()?).ok()
+    }
+
+    fn hash(&mut self) -> Option<&'a [u8; 32]> {
+        self.take(32)?.try_into().ok()
     }
 }
 

@@ -250,6 +250,17 @@ impl Shared {
     }
 }
 
+/// The in-memory index of one [`EtcdLog`] ([`EtcdLog::index_stats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexStats {
+    /// The position it is complete up to.
+    pub head: Position,
+    /// Events indexed.
+    pub events: u64,
+    /// Heap bytes its tables hold.
+    pub heap_bytes: u64,
+}
+
 /// vmplane's event log on an etcd cluster. See the crate documentation.
 pub struct EtcdLog {
     runtime: Option<Runtime>,
@@ -401,6 +412,19 @@ impl EtcdLog {
             resent: self.shared.resent.load(Ordering::Relaxed),
             commit_micros: self.shared.commit_micros.load(Ordering::Relaxed),
         }
+    }
+
+    /// What this server's in-memory index of event ids and streams holds (see the crate
+    /// documentation): waits for it if it is being built.
+    pub fn index_stats(&self) -> Result<IndexStats> {
+        self.block(async {
+            let index = self.index.lock().await;
+            IndexStats {
+                head: Position(index.head().position),
+                events: index.len() as u64,
+                heap_bytes: index.heap_bytes() as u64,
+            }
+        })
     }
 
     /// Leadership `name` of this log (e.g. `reconciler`), campaigned for as `holder` (shown to
