@@ -1,7 +1,8 @@
 //! Projections: rebuild throughput over 1M events beside the raw log scan of the same log (same
-//! run), time travel to a random revision among 10,000 beside one `read_event` of the same log,
-//! and restart from a checkpoint. Resident memory after loading 100,000 VMs is measured in a
-//! process of its own (an allocator keeps what earlier benches freed):
+//! run; also as the median ratio of interleaved pairs), time travel to a random revision among
+//! 10,000 (the object's JSON text, as the gateway answers it) beside one `read_event` of the
+//! same log, and restart from a checkpoint. Resident memory after loading 100,000 VMs is
+//! measured in a process of its own (an allocator keeps what earlier benches freed):
 //! `cargo run --release -p vmplane-projections --example memory_100k`.
 //!
 //! The log is filled directly with core-encoded events (VmCreated with a real manifest, then
@@ -145,6 +146,42 @@ fn rebuild(c: &mut Criterion) {
     });
     group.finish();
 
+    // The same two, one right after the other, pair by pair: a shared machine's speed drifts
+    // between criterion's two measurements above, and the ratio of each pair does not see it.
+    let pairs = if quick() { 21 } else { 11 };
+    let mut ratios = Vec::with_capacity(pairs);
+    let (mut scans, mut rebuilds) = (Vec::new(), Vec::new());
+    for _ in 0..pairs {
+        let started = Instant::now();
+        let mut sum = 0u64;
+        log.scan(Position(0), &mut |e| {
+            sum += e.payload.len() as u64 + e.revision;
+            ControlFlow::Continue(())
+        })
+        .expect("scan");
+        black_box(sum);
+        let scan = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        black_box(projections.rebuild().expect("rebuild"));
+        let rebuild = started.elapsed().as_secs_f64();
+        ratios.push(scan / rebuild);
+        scans.push(scan);
+        rebuilds.push(rebuild);
+    }
+    for v in [&mut ratios, &mut scans, &mut rebuilds] {
+        v.sort_by(f64::total_cmp);
+    }
+    let median = |v: &[f64]| v[v.len() / 2];
+    println!(
+        "rebuild_vs_scan_interleaved: {pairs} pairs: rebuild throughput / scan throughput median \
+         {:.2} (min {:.2}, max {:.2}); medians: scan {:.2}M events/s, rebuild {:.2}M events/s",
+        median(&ratios),
+        ratios[0],
+        ratios[pairs - 1],
+        events as f64 / median(&scans) / 1e6,
+        events as f64 / median(&rebuilds) / 1e6,
+    );
+
     // Restart with a checkpoint: open (load + tail of 0) and serve one read.
     projections.checkpoint().expect("checkpoint");
     drop(projections);
@@ -202,14 +239,25 @@ fn time_travel(c: &mut Criterion) {
             .measurement_time(Duration::from_secs(2))
             .warm_up_time(Duration::from_secs(1));
     }
+    // What the gateway's GetObject at a revision asks for: the object's JSON text.
     group.bench_function("vm_at_random_revision_of_10000_warm", |b| {
         b.iter(|| {
             let r = rng.gen_range(1..=TIME_TRAVEL_REVISIONS);
             black_box(
                 projections
-                    .get_at(Kind::VirtualMachine, "bench", "vm-0", At::Revision(r))
-                    .expect("get_at"),
+                    .get_at_json(Kind::VirtualMachine, "bench", "vm-0", At::Revision(r))
+                    .expect("get_at_json"),
             )
+        });
+    });
+    // The same answer through the JSON tree (`get_at`, then the text the gateway sends).
+    group.bench_function("vm_at_random_revision_of_10000_warm_via_tree", |b| {
+        b.iter(|| {
+            let r = rng.gen_range(1..=TIME_TRAVEL_REVISIONS);
+            let view = projections
+                .get_at(Kind::VirtualMachine, "bench", "vm-0", At::Revision(r))
+                .expect("get_at");
+            black_box(view.map(|v| v.object.to_string()))
         });
     });
     group.bench_function("vm_at_random_revision_of_10000_cold_cache", |b| {

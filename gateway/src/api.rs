@@ -211,6 +211,19 @@ fn to_pb(view: &vmplane_projections::render::ObjectView) -> pb::Object {
     }
 }
 
+/// [`to_pb`] of an object read as JSON text (the same message).
+fn json_to_pb(view: vmplane_projections::render::ObjectJson) -> pb::Object {
+    pb::Object {
+        kind: view.kind.as_str().to_string(),
+        namespace: view.namespace.unwrap_or_default(),
+        name: view.name,
+        uid: view.uid.unwrap_or_default(),
+        generation: view.generation,
+        resource_version: view.resource_version.0,
+        json: view.json,
+    }
+}
+
 fn parse_time(field: &str, value: &str) -> Result<Timestamp, Status> {
     let t = chrono::DateTime::parse_from_rfc3339(value).map_err(|e| {
         Status::invalid_argument(format!("{field}: {value:?} is not an RFC 3339 time: {e}"))
@@ -383,9 +396,10 @@ impl pb::objects_server::Objects for Api {
         let projections = self.projections.clone();
         let min = (r.min_position > 0).then_some(Position(r.min_position));
         blocking(move || {
+            // The object's JSON text straight from the projections (no JSON tree per read).
             let view = match at {
-                At::Current => projections.get(kind, &namespace, &rf.name, min),
-                other => projections.get_at(kind, &namespace, &rf.name, other),
+                At::Current => projections.get_json(kind, &namespace, &rf.name, min),
+                other => projections.get_at_json(kind, &namespace, &rf.name, other),
             }
             .map_err(|e| from_projection(&object, e))?;
             let when = match at {
@@ -397,7 +411,7 @@ impl pb::objects_server::Objects for Api {
             let view =
                 view.ok_or_else(|| Status::not_found(format!("{object} not found{when}")))?;
             Ok(Response::new(pb::GetResponse {
-                object: Some(to_pb(&view)),
+                object: Some(json_to_pb(view)),
                 read_position: projections.position().0,
             }))
         })

@@ -153,19 +153,15 @@ impl StateCache {
             Some(base) => (*base).clone(),
             None => Snapshot::empty(kind),
         };
-        let every = self.options.snapshot_every_revisions;
-        let mut periodic = Vec::new();
+        let mut kept = Kept {
+            every: self.options.snapshot_every_revisions,
+            revision,
+            snapshots: Vec::new(),
+            changed: None,
+        };
         let read_max = log.limits().read_events_max.max(1);
         if let Some(locate) = locate {
-            fold_dense_range(
-                log,
-                stream,
-                revision,
-                every,
-                locate,
-                &mut snapshot,
-                &mut periodic,
-            )?;
+            fold_dense_range(log, stream, revision, locate, &mut snapshot, &mut kept)?;
         }
         while snapshot.state.revision() < revision {
             let from = snapshot.state.revision() + 1;
@@ -182,14 +178,13 @@ impl StateCache {
                 if snapshot.state.revision() >= revision {
                     break;
                 }
+                let object = snapshot.object_id();
                 snapshot.apply(&event.as_ref())?;
-                let r = snapshot.state.revision();
-                if r.is_multiple_of(every) && r != revision {
-                    periodic.push(Arc::new(snapshot.clone()));
-                }
+                kept.folded(&snapshot, object);
             }
         }
         let result = Arc::new(snapshot);
+        let periodic = kept.finish();
         self.insert(stream, kind, periodic, Arc::clone(&result));
         Ok(result)
     }
@@ -272,10 +267,9 @@ fn fold_dense_range(
     log: &dyn EventLog,
     stream: &str,
     revision: u64,
-    every: u64,
     locate: &dyn Fn(u64) -> Option<Position>,
     snapshot: &mut Snapshot,
-    periodic: &mut Vec<Arc<Snapshot>>,
+    kept: &mut Kept,
 ) -> Result<()> {
     let from = snapshot.state.revision() + 1;
     if from > revision {
@@ -299,15 +293,13 @@ fn fold_dense_range(
         if event.stream != stream {
             return ControlFlow::Continue(());
         }
+        let object = snapshot.object_id();
         if let Err(e) = snapshot.apply(event) {
             failure = Some(e);
             return ControlFlow::Break(());
         }
-        let r = snapshot.state.revision();
-        if r.is_multiple_of(every) && r != revision {
-            periodic.push(Arc::new(snapshot.clone()));
-        }
-        if r >= revision {
+        kept.folded(snapshot, object);
+        if snapshot.state.revision() >= revision {
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
@@ -315,6 +307,41 @@ fn fold_dense_range(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// The snapshots a fold leaves in the cache besides its result: one at every multiple of
+/// `every`, and, within each such window, one just after the last change of the stored object
+/// (a VM's serialized object and text template are shared by the states folded from a
+/// snapshot: without it, every read between an edit and the window's end would fold from
+/// before the edit and serialize the object again). At most two per window.
+struct Kept {
+    every: u64,
+    /// The fold's target (cached as its result, not here).
+    revision: u64,
+    snapshots: Vec<Arc<Snapshot>>,
+    /// The state just after the last object change since the last multiple of `every`.
+    changed: Option<Snapshot>,
+}
+
+impl Kept {
+    /// After folding one event into `snapshot`, whose object identity before it was `object`.
+    fn folded(&mut self, snapshot: &Snapshot, object: usize) {
+        let r = snapshot.state.revision();
+        if r >= self.revision {
+            return;
+        }
+        if r.is_multiple_of(self.every) {
+            self.snapshots.extend(self.changed.take().map(Arc::new));
+            self.snapshots.push(Arc::new(snapshot.clone()));
+        } else if snapshot.object_id() != object {
+            self.changed = Some(snapshot.clone());
+        }
+    }
+
+    fn finish(mut self) -> Vec<Arc<Snapshot>> {
+        self.snapshots.extend(self.changed.take().map(Arc::new));
+        self.snapshots
     }
 }
 

@@ -2,6 +2,7 @@
 //! core's aggregate states), and [`Snapshot`] (a state plus what rendering needs: the position
 //! and time of its last event and when the current life began).
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
@@ -15,6 +16,7 @@ use vmplane_core::{
 use vmplane_store::{Position, RecordedEventRef};
 
 use crate::error::{Error, Result};
+use crate::render::VmTemplate;
 
 /// What a stream name says: the kind, the namespace (None for cluster-scoped kinds and the
 /// cluster config) and the name (empty for `cluster/config`, whose name is in its payload).
@@ -189,25 +191,61 @@ struct VmJsonEntry {
     uid: Option<Uuid>,
     generation: u64,
     object: Value,
+    /// The object's text for [`crate::render::render_json`], made on first use.
+    template: OnceLock<VmTemplate>,
 }
 
 impl VmJson {
-    /// The object of `state` rendered without its status, whose value is `null` (the key is
-    /// in place, so the caller's status lands where serializing the whole VM puts it). `None`
-    /// if no VM object is stored.
-    pub(crate) fn object(&self, state: &VmState) -> Option<Value> {
+    /// The memo, made from `state` if it is the first use; `None` if no VM object is stored.
+    fn entry(&self, state: &VmState) -> Option<&VmJsonEntry> {
         let vm = state.vm.as_ref()?;
-        let entry = self.0.get_or_init(|| VmJsonEntry {
+        Some(self.0.get_or_init(|| VmJsonEntry {
             vm: Arc::clone(vm),
             uid: state.uid,
             generation: state.generation,
             object: serialize_with_status_slot(state).unwrap_or(Value::Null),
-        });
+            template: OnceLock::new(),
+        }))
+    }
+
+    /// The object of `state` rendered without its status, whose value is `null` (the key is
+    /// in place, so the caller's status lands where serializing the whole VM puts it). `None`
+    /// if no VM object is stored.
+    pub(crate) fn object(&self, state: &VmState) -> Option<Value> {
+        let entry = self.entry(state)?;
         if entry.matches(state) && !entry.object.is_null() {
             Some(entry.object.clone())
         } else {
             serialize_with_status_slot(state)
         }
+    }
+
+    /// The text template of `state`'s object (created at `created_at_ns`): the memo's when it
+    /// fits, else one made for this call. `None` if no VM object is stored.
+    pub(crate) fn template(
+        &self,
+        state: &VmState,
+        created_at_ns: Option<i64>,
+    ) -> Option<Cow<'_, VmTemplate>> {
+        let entry = self.entry(state)?;
+        if entry.matches(state) && !entry.object.is_null() {
+            let template = entry
+                .template
+                .get_or_init(|| VmTemplate::new(entry.object.clone(), state, created_at_ns));
+            if template.fits(state, created_at_ns) {
+                return Some(Cow::Borrowed(template));
+            }
+            return Some(Cow::Owned(VmTemplate::new(
+                entry.object.clone(),
+                state,
+                created_at_ns,
+            )));
+        }
+        Some(Cow::Owned(VmTemplate::new(
+            serialize_with_status_slot(state)?,
+            state,
+            created_at_ns,
+        )))
     }
 
     /// Whether a fold from `before` to `after` leaves the memo valid.
@@ -283,6 +321,12 @@ impl Snapshot {
             created_at_ns: None,
             vm_json: VmJson::default(),
         }
+    }
+
+    /// Which serialized-object memo the snapshot holds: it changes when a fold changes the
+    /// stored object (states with the same id share one serialized object).
+    pub(crate) fn object_id(&self) -> usize {
+        Arc::as_ptr(&self.vm_json.0) as usize
     }
 
     /// Folds one recorded event, checking that its revision is the next one (a pair assertion

@@ -2,6 +2,8 @@
 //! as core renders it, plus what only the log knows — `resourceVersion` (the position of the
 //! object's last event) and `creationTimestamp`.
 
+use std::io::Write as _;
+
 use serde_json::{Map, Value, json};
 use vmplane_core::features::Features;
 use vmplane_core::types::Kind;
@@ -37,6 +39,40 @@ impl ObjectView {
     }
 }
 
+/// One object as the gateway answers a read: [`ObjectView`]'s metadata with the object as
+/// compact JSON text, byte for byte what `ObjectView::object.to_string()` gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectJson {
+    /// Its kind.
+    pub kind: Kind,
+    /// Its namespace (None for cluster-scoped kinds).
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+    /// `metadata.uid`.
+    pub uid: Option<String>,
+    /// `metadata.generation`.
+    pub generation: u64,
+    /// `metadata.resourceVersion`: the position of the object's last event.
+    pub resource_version: Position,
+    /// The whole object in KubeVirt's JSON shape, as compact JSON text.
+    pub json: String,
+}
+
+impl From<ObjectView> for ObjectJson {
+    fn from(view: ObjectView) -> ObjectJson {
+        ObjectJson {
+            json: view.object.to_string(),
+            kind: view.kind,
+            namespace: view.namespace,
+            name: view.name,
+            uid: view.uid,
+            generation: view.generation,
+            resource_version: view.resource_version,
+        }
+    }
+}
+
 /// Renders `kind` from a snapshot of its stream, given the cluster's effective `features` and
 /// `now_ms` at that point (VM status depends on both: disabled features, crash-loop backoff).
 /// `None` when no such object lives at that revision.
@@ -65,6 +101,167 @@ pub fn render(
     }
 }
 
+/// [`render`] as JSON text: exactly `render(..).object.to_string()` with the same metadata. A
+/// VM's text is its stored object's text (see [`VmTemplate`]) with this state's status and
+/// resourceVersion written in, so no JSON tree of the object is built per read; other kinds,
+/// and a VM whose text cannot be templated, are rendered through [`render`].
+#[must_use]
+pub fn render_json(
+    snapshot: &Snapshot,
+    kind: Kind,
+    features: &Features,
+    now_ms: i64,
+) -> Option<ObjectJson> {
+    if let (AggState::Vm(s), Kind::VirtualMachine) = (&snapshot.state, kind)
+        && let Some(rendered) = render_vm_json(snapshot, s, features, now_ms)
+    {
+        return rendered;
+    }
+    render(snapshot, kind, features, now_ms).map(ObjectJson::from)
+}
+
+/// A VM rendered from its template: `Some(answer)`, or `None` when there is no usable
+/// template (the caller renders through the JSON tree instead).
+fn render_vm_json(
+    snapshot: &Snapshot,
+    s: &VmState,
+    features: &Features,
+    now_ms: i64,
+) -> Option<Option<ObjectJson>> {
+    let Some(status) = lifecycle::render_status(s, features, now_ms) else {
+        return Some(None);
+    };
+    let template = snapshot.vm_json.template(s, snapshot.created_at_ns)?;
+    let (text, holes) = template.text.as_ref()?;
+    let mut json = Vec::with_capacity(text.len() + 1024);
+    let mut at = 0;
+    for (offset, hole) in holes {
+        json.extend_from_slice(text.get(at..*offset)?.as_bytes());
+        at = *offset;
+        match hole {
+            // Compact JSON, as serializing the whole object writes it in place.
+            Hole::Status => serde_json::to_writer(&mut json, &status).ok()?,
+            // A string of digits: nothing to escape.
+            Hole::ResourceVersion => write!(json, "\"{}\"", snapshot.position.0).ok()?,
+        }
+    }
+    json.extend_from_slice(text.get(at..)?.as_bytes());
+    // UTF-8 pieces (the template's text cut at ASCII, serde_json's output, digits).
+    let json = String::from_utf8(json).ok()?;
+    Some(Some(ObjectJson {
+        kind: Kind::VirtualMachine,
+        namespace: Some(s.namespace.clone()),
+        name: s.name.clone(),
+        uid: s.uid.map(|u| u.to_string()),
+        generation: s.generation,
+        resource_version: snapshot.position,
+        json,
+    }))
+}
+
+/// Where a [`VmTemplate`]'s text takes a value of the state being rendered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hole {
+    /// `status`: the state's derived status.
+    Status,
+    /// `metadata.resourceVersion`: the position of the state's last event.
+    ResourceVersion,
+}
+
+/// Placeholders the template is serialized with, then cut out. As JSON text they hold
+/// escaped NULs and no `:`, so they occur only where the placeholders were put, unless a
+/// stored string holds the very same text: then a placeholder is counted more than once and
+/// the object is not templated.
+const STATUS_MARK: &str = "\u{0}vmplane-status\u{0}";
+const RESOURCE_VERSION_MARK: &str = "\u{0}vmplane-resource-version\u{0}";
+
+/// A VM's stored object as JSON text, ready for a state's status and resourceVersion: what
+/// [`render_vm`] builds with those two left out, serialized once per stored object (kept with
+/// the snapshot's [`crate::model::VmJson`], shared by the states folded from one snapshot).
+/// It also depends on the creation time and the effective firmware identity, which it
+/// records and is checked against before use.
+#[derive(Debug, Clone)]
+pub(crate) struct VmTemplate {
+    created_at_ns: Option<i64>,
+    firmware: Option<(uuid::Uuid, Option<String>)>,
+    /// The text without its holes and where they go (byte offsets, ascending); `None` if the
+    /// object cannot be templated.
+    text: Option<(String, Vec<(usize, Hole)>)>,
+}
+
+impl VmTemplate {
+    /// `object` (a VM's stored object with its `status` slot, as [`crate::model::VmJson`]
+    /// keeps it) made into the template for `s`, created at `created_at_ns`.
+    pub(crate) fn new(mut object: Value, s: &VmState, created_at_ns: Option<i64>) -> VmTemplate {
+        let text = (|| {
+            let slot = object.as_object_mut()?.get_mut("status")?;
+            *slot = Value::String(STATUS_MARK.to_owned());
+            let has_meta = set_meta(
+                &mut object,
+                Value::String(RESOURCE_VERSION_MARK.to_owned()),
+                created_at_ns,
+            );
+            fill_firmware(&mut object, s);
+            cut_holes(
+                object.to_string(),
+                &[
+                    (Hole::Status, STATUS_MARK, 1),
+                    (
+                        Hole::ResourceVersion,
+                        RESOURCE_VERSION_MARK,
+                        usize::from(has_meta),
+                    ),
+                ],
+            )
+        })();
+        VmTemplate {
+            created_at_ns,
+            firmware: firmware_key(s),
+            text,
+        }
+    }
+
+    /// Whether it is the template of `s` created at `created_at_ns` (its stored object is
+    /// checked by the caller).
+    pub(crate) fn fits(&self, s: &VmState, created_at_ns: Option<i64>) -> bool {
+        self.created_at_ns == created_at_ns
+            && self
+                .firmware
+                .as_ref()
+                .map(|(u, serial)| (*u, serial.as_deref()))
+                == s.firmware.as_ref().map(|f| (f.uuid, f.serial.as_deref()))
+    }
+}
+
+fn firmware_key(s: &VmState) -> Option<(uuid::Uuid, Option<String>)> {
+    s.firmware.as_ref().map(|f| (f.uuid, f.serial.clone()))
+}
+
+/// `text` with each `(hole, mark, count)`'s mark (as a JSON string) cut out, if it occurs
+/// exactly `count` times and no two occurrences overlap.
+fn cut_holes(text: String, marks: &[(Hole, &str, usize)]) -> Option<(String, Vec<(usize, Hole)>)> {
+    let mut found = Vec::new();
+    for (hole, mark, count) in marks {
+        let needle = Value::String((*mark).to_owned()).to_string();
+        let at: Vec<usize> = text.match_indices(&needle).map(|(i, _)| i).collect();
+        if at.len() != *count {
+            return None;
+        }
+        found.extend(at.into_iter().map(|i| (i, i + needle.len(), *hole)));
+    }
+    found.sort_unstable_by_key(|f| f.0);
+    let mut out = String::with_capacity(text.len());
+    let mut holes = Vec::with_capacity(found.len());
+    let mut at = 0;
+    for (start, end, hole) in found {
+        out.push_str(text.get(at..start)?);
+        holes.push((out.len(), hole));
+        at = end;
+    }
+    out.push_str(text.get(at..)?);
+    Some((out, holes))
+}
+
 /// A stored object (`manifest`, rendered by its aggregate) with the log's metadata.
 fn render_object(
     snapshot: &Snapshot,
@@ -85,15 +282,24 @@ fn render_object(
 }
 
 fn finish_meta(object: &mut Value, snapshot: &Snapshot) {
-    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.insert(
-            "resourceVersion".into(),
-            Value::String(snapshot.position.0.to_string()),
-        );
-        if let Some(created) = snapshot.created_at_ns {
-            meta.insert("creationTimestamp".into(), Value::String(rfc3339(created)));
-        }
+    set_meta(
+        object,
+        Value::String(snapshot.position.0.to_string()),
+        snapshot.created_at_ns,
+    );
+}
+
+/// Writes `metadata.resourceVersion` and `metadata.creationTimestamp`; whether there was a
+/// `metadata` object to write them in.
+fn set_meta(object: &mut Value, resource_version: Value, created_at_ns: Option<i64>) -> bool {
+    let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return false;
+    };
+    meta.insert("resourceVersion".into(), resource_version);
+    if let Some(created) = created_at_ns {
+        meta.insert("creationTimestamp".into(), Value::String(rfc3339(created)));
     }
+    true
 }
 
 fn render_vm(
@@ -110,13 +316,23 @@ fn render_vm(
     let slot = object.as_object_mut()?.get_mut("status")?;
     *slot = status;
     finish_meta(&mut object, snapshot);
-    // The effective firmware identity is in the stored spec (semantics §1 row 14); fill it if
-    // an older event left it out, never overwrite it.
+    fill_firmware(&mut object, s);
+    Some(ObjectView {
+        kind: Kind::VirtualMachine,
+        namespace: Some(s.namespace.clone()),
+        name: s.name.clone(),
+        uid: s.uid.map(|u| u.to_string()),
+        generation: s.generation,
+        resource_version: snapshot.position,
+        object,
+    })
+}
+
+/// The effective firmware identity is in the stored spec (semantics §1 row 14); fills it if an
+/// older event left it out, never overwrites it.
+fn fill_firmware(object: &mut Value, s: &VmState) {
     if let Some(fw) = &s.firmware {
-        let firmware = path_mut(
-            &mut object,
-            &["spec", "template", "spec", "domain", "firmware"],
-        );
+        let firmware = path_mut(object, &["spec", "template", "spec", "domain", "firmware"]);
         if let Some(firmware) = firmware {
             if !firmware.contains_key("uuid") {
                 firmware.insert("uuid".into(), Value::String(fw.uuid.to_string()));
@@ -128,15 +344,6 @@ fn render_vm(
             }
         }
     }
-    Some(ObjectView {
-        kind: Kind::VirtualMachine,
-        namespace: Some(s.namespace.clone()),
-        name: s.name.clone(),
-        uid: s.uid.map(|u| u.to_string()),
-        generation: s.generation,
-        resource_version: snapshot.position,
-        object,
-    })
 }
 
 /// The object at `keys` under `doc`, made (empty) where missing. Present keys are looked up
@@ -336,6 +543,14 @@ mod tests {
         let now_ms = snapshot.recorded_at_ns / 1_000_000;
         let got = render(snapshot, Kind::VirtualMachine, features, now_ms).expect("rendered");
         let want = reference(snapshot, s, features, now_ms);
+        // The text read gives the tree read's text, from its template.
+        let json = render_json(snapshot, Kind::VirtualMachine, features, now_ms).expect("text");
+        assert_eq!(json, ObjectJson::from(got.clone()));
+        let template = snapshot
+            .vm_json
+            .template(s, snapshot.created_at_ns)
+            .expect("a template");
+        assert!(template.text.is_some(), "templated");
         // Compared as text: key order is part of the answer.
         (
             serde_json::to_string(&got.object).expect("text"),
@@ -407,5 +622,46 @@ mod tests {
         let (got, want) = text(&base, &features);
         assert_eq!(got, want);
         assert!(got.contains("128Mi"));
+    }
+
+    #[test]
+    fn an_object_holding_a_placeholder_s_text_is_rendered_through_its_tree() {
+        let features = Features::defaults();
+        for label in [STATUS_MARK, RESOURCE_VERSION_MARK] {
+            let mut snapshot = Snapshot::empty(Kind::VirtualMachine);
+            let manifest = manifest(128).replace(
+                r#""finalizers":["f"]"#,
+                &format!(
+                    r#""finalizers":["f"],"annotations":{{"x":{}}}"#,
+                    Value::String(label.to_owned())
+                ),
+            );
+            apply(
+                &mut snapshot,
+                &Event::VmCreated(VmCreated {
+                    uid: Uuid::from_u128(1),
+                    namespace: "ns".into(),
+                    name: "a".into(),
+                    origin: CreateOrigin::Apply,
+                    manifest_json: manifest,
+                    firmware_uuid: Uuid::from_u128(2),
+                    firmware_serial: None,
+                    firmware_origin: FirmwareOrigin::Generated,
+                }),
+            );
+            let AggState::Vm(s) = &snapshot.state else {
+                panic!("a VM stream");
+            };
+            let template = snapshot
+                .vm_json
+                .template(s, snapshot.created_at_ns)
+                .expect("a template");
+            assert!(template.text.is_none(), "{label:?} is not templated");
+            let now_ms = snapshot.recorded_at_ns / 1_000_000;
+            let tree = render(&snapshot, Kind::VirtualMachine, &features, now_ms).expect("tree");
+            assert!(tree.object.to_string().contains("vmplane-"));
+            let json = render_json(&snapshot, Kind::VirtualMachine, &features, now_ms);
+            assert_eq!(json, Some(ObjectJson::from(tree)));
+        }
     }
 }
