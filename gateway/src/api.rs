@@ -199,20 +199,7 @@ fn manifest_context(text: &str, namespace: &str) -> String {
     }
 }
 
-fn to_pb(view: &vmplane_projections::render::ObjectView) -> pb::Object {
-    pb::Object {
-        kind: view.kind.as_str().to_string(),
-        namespace: view.namespace.clone().unwrap_or_default(),
-        name: view.name.clone(),
-        uid: view.uid.clone().unwrap_or_default(),
-        generation: view.generation,
-        resource_version: view.resource_version.0,
-        json: view.object.to_string(),
-    }
-}
-
-/// [`to_pb`] of an object read as JSON text (the same message).
-fn json_to_pb(view: vmplane_projections::render::ObjectJson) -> pb::Object {
+fn to_pb(view: vmplane_projections::render::ObjectJson) -> pb::Object {
     pb::Object {
         kind: view.kind.as_str().to_string(),
         namespace: view.namespace.unwrap_or_default(),
@@ -220,7 +207,7 @@ fn json_to_pb(view: vmplane_projections::render::ObjectJson) -> pb::Object {
         uid: view.uid.unwrap_or_default(),
         generation: view.generation,
         resource_version: view.resource_version.0,
-        json: view.json,
+        json: view.object,
     }
 }
 
@@ -346,7 +333,7 @@ impl pb::objects_server::Objects for Api {
                         Status::internal(format!("{object}: written but not readable"))
                     })?;
                 return Ok(Response::new(pb::ApplyResponse {
-                    object: Some(to_pb(&view)),
+                    object: Some(to_pb(view.into_json())),
                     outcome: driven.first.outcome.as_str().to_string(),
                     position: driven.position.0,
                 }));
@@ -364,7 +351,7 @@ impl pb::objects_server::Objects for Api {
             .map_err(|e| from_projection(&object, e))?
             .ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
             Ok(Response::new(pb::ApplyResponse {
-                object: Some(to_pb(&view)),
+                object: Some(to_pb(view.into_json())),
                 outcome: done.outcome.as_str().to_string(),
                 position: done.position.0,
             }))
@@ -411,7 +398,7 @@ impl pb::objects_server::Objects for Api {
             let view =
                 view.ok_or_else(|| Status::not_found(format!("{object} not found{when}")))?;
             Ok(Response::new(pb::GetResponse {
-                object: Some(json_to_pb(view)),
+                object: Some(to_pb(view)),
                 read_position: projections.position().0,
             }))
         })
@@ -448,12 +435,12 @@ impl pb::objects_server::Objects for Api {
                 .map_err(|e| from_projection(kind.as_str(), e))?;
             let items = list
                 .items
-                .iter()
+                .into_iter()
                 .filter(|v| match (&readable, &v.namespace) {
                     (Some(allowed), Some(ns)) => allowed.iter().any(|a| a == ns),
                     _ => true,
                 })
-                .map(to_pb)
+                .map(|v| to_pb(v.into_json()))
                 .collect();
             Ok(Response::new(pb::ListResponse {
                 items,

@@ -22,10 +22,10 @@
 //!   [`At`], [`Projections::history`], [`Projections::diff`], [`Projections::audit`],
 //!   [`Projections::watch`] ([`Watch`]), the index queries, [`Projections::digest`],
 //!   [`Projections::rebuild`], [`Projections::checkpoint`].
-//! - [`ObjectView`]: one object as a reader sees it (kind, names, uid, generation,
-//!   resourceVersion, the JSON); [`ObjectJson`] is the same with the object as JSON text, what
-//!   [`Projections::get_json`] and [`Projections::get_at_json`] give the gateway without
-//!   building the object's JSON tree.
+//! - [`Rendered`]: one object as a reader sees it (kind, names, uid, generation,
+//!   resourceVersion, the object): [`ObjectView`] with the object's JSON tree, [`ObjectJson`]
+//!   with its JSON text, what [`Projections::get_json`] and [`Projections::get_at_json`] give
+//!   the gateway without building the tree.
 //! - [`StateCache`] and [`Snapshot`]: folded aggregate states ([`AggState`]) at some
 //!   revisions, filled from the log on demand — specs are parsed when read, not when replayed.
 //! - [`CommandHandler`], [`Command`], [`CommandMeta`] → [`Executed`] or [`CommandError`].
@@ -87,5 +87,5 @@ pub use history::{AuditQuery, AuditRecord, HistoryEntry, SpecDiff};
 pub use model::{AggState, Snapshot};
 pub use projections::{At, ListResult, ObjectRef, ProjectionOptions, Projections};
 pub use readmodel::RevisionRef;
-pub use render::{ObjectJson, ObjectView};
+pub use render::{ObjectJson, ObjectView, Rendered};
 pub use watch::{Watch, WatchEvent, WatchFilter};

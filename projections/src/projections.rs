@@ -1000,7 +1000,7 @@ mod tests {
                     let tree = projections
                         .get_at(kind, "ns", name, At::Revision(r))
                         .expect("get_at")
-                        .map(ObjectJson::from);
+                        .map(ObjectView::into_json);
                     let text = projections
                         .get_at_json(kind, "ns", name, At::Revision(r))
                         .expect("get_at_json");
@@ -1015,7 +1015,7 @@ mod tests {
                 let text = projections
                     .get_json(kind, "ns", name, None)
                     .expect("get_json")
-                    .map(|v| (v.json, v.resource_version));
+                    .map(|v| (v.object, v.resource_version));
                 // `now` differs between the two reads: equal unless a time-dependent status
                 // (a start backoff) moved in between, which these streams never schedule.
                 assert_eq!(text, tree, "{kind:?} {name} now");
@@ -1027,7 +1027,7 @@ mod tests {
                 let tree = projections
                     .get_at(Kind::VirtualMachine, "ns", name, at)
                     .expect("get_at")
-                    .map(ObjectJson::from);
+                    .map(ObjectView::into_json);
                 let text = projections
                     .get_at_json(Kind::VirtualMachine, "ns", name, at)
                     .expect("get_at_json");

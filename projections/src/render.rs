@@ -12,9 +12,10 @@ use vmplane_store::Position;
 
 use crate::model::{AggState, Snapshot, rfc3339};
 
-/// One object as a reader sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ObjectView {
+/// One object as a reader sees it: its metadata and the whole object in KubeVirt's JSON
+/// shape, as a JSON tree ([`ObjectView`]) or as compact JSON text ([`ObjectJson`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered<B> {
     /// Its kind.
     pub kind: Kind,
     /// Its namespace (None for cluster-scoped kinds).
@@ -28,8 +29,15 @@ pub struct ObjectView {
     /// `metadata.resourceVersion`: the position of the object's last event.
     pub resource_version: Position,
     /// The whole object in KubeVirt's JSON shape.
-    pub object: Value,
+    pub object: B,
 }
+
+/// An object with its JSON tree.
+pub type ObjectView = Rendered<Value>;
+
+/// An object as the gateway answers a read: the JSON text, byte for byte what the tree's
+/// `to_string()` gives.
+pub type ObjectJson = Rendered<String>;
 
 impl ObjectView {
     /// The object's `spec` (Null if it has none).
@@ -37,38 +45,18 @@ impl ObjectView {
     pub fn spec(&self) -> &Value {
         self.object.get("spec").unwrap_or(&Value::Null)
     }
-}
 
-/// One object as the gateway answers a read: [`ObjectView`]'s metadata with the object as
-/// compact JSON text, byte for byte what `ObjectView::object.to_string()` gives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectJson {
-    /// Its kind.
-    pub kind: Kind,
-    /// Its namespace (None for cluster-scoped kinds).
-    pub namespace: Option<String>,
-    /// Its name.
-    pub name: String,
-    /// `metadata.uid`.
-    pub uid: Option<String>,
-    /// `metadata.generation`.
-    pub generation: u64,
-    /// `metadata.resourceVersion`: the position of the object's last event.
-    pub resource_version: Position,
-    /// The whole object in KubeVirt's JSON shape, as compact JSON text.
-    pub json: String,
-}
-
-impl From<ObjectView> for ObjectJson {
-    fn from(view: ObjectView) -> ObjectJson {
-        ObjectJson {
-            json: view.object.to_string(),
-            kind: view.kind,
-            namespace: view.namespace,
-            name: view.name,
-            uid: view.uid,
-            generation: view.generation,
-            resource_version: view.resource_version,
+    /// The same object as compact JSON text.
+    #[must_use]
+    pub fn into_json(self) -> ObjectJson {
+        Rendered {
+            object: self.object.to_string(),
+            kind: self.kind,
+            namespace: self.namespace,
+            name: self.name,
+            uid: self.uid,
+            generation: self.generation,
+            resource_version: self.resource_version,
         }
     }
 }
@@ -117,7 +105,7 @@ pub fn render_json(
     {
         return rendered;
     }
-    render(snapshot, kind, features, now_ms).map(ObjectJson::from)
+    render(snapshot, kind, features, now_ms).map(ObjectView::into_json)
 }
 
 /// A VM rendered from its template: `Some(answer)`, or `None` when there is no usable
@@ -148,15 +136,7 @@ fn render_vm_json(
     json.extend_from_slice(text.get(at..)?.as_bytes());
     // UTF-8 pieces (the template's text cut at ASCII, serde_json's output, digits).
     let json = String::from_utf8(json).ok()?;
-    Some(Some(ObjectJson {
-        kind: Kind::VirtualMachine,
-        namespace: Some(s.namespace.clone()),
-        name: s.name.clone(),
-        uid: s.uid.map(|u| u.to_string()),
-        generation: s.generation,
-        resource_version: snapshot.position,
-        json,
-    }))
+    Some(Some(vm_rendered(s, snapshot, json)))
 }
 
 /// Where a [`VmTemplate`]'s text takes a value of the state being rendered.
@@ -317,7 +297,12 @@ fn render_vm(
     *slot = status;
     finish_meta(&mut object, snapshot);
     fill_firmware(&mut object, s);
-    Some(ObjectView {
+    Some(vm_rendered(s, snapshot, object))
+}
+
+/// A VM's metadata at `snapshot` with its rendered `object` (tree or text).
+fn vm_rendered<B>(s: &VmState, snapshot: &Snapshot, object: B) -> Rendered<B> {
+    Rendered {
         kind: Kind::VirtualMachine,
         namespace: Some(s.namespace.clone()),
         name: s.name.clone(),
@@ -325,7 +310,7 @@ fn render_vm(
         generation: s.generation,
         resource_version: snapshot.position,
         object,
-    })
+    }
 }
 
 /// The effective firmware identity is in the stored spec (semantics §1 row 14); fills it if an
@@ -545,7 +530,7 @@ mod tests {
         let want = reference(snapshot, s, features, now_ms);
         // The text read gives the tree read's text, from its template.
         let json = render_json(snapshot, Kind::VirtualMachine, features, now_ms).expect("text");
-        assert_eq!(json, ObjectJson::from(got.clone()));
+        assert_eq!(json, got.clone().into_json());
         let template = snapshot
             .vm_json
             .template(s, snapshot.created_at_ns)
@@ -661,7 +646,7 @@ mod tests {
             let tree = render(&snapshot, Kind::VirtualMachine, &features, now_ms).expect("tree");
             assert!(tree.object.to_string().contains("vmplane-"));
             let json = render_json(&snapshot, Kind::VirtualMachine, &features, now_ms);
-            assert_eq!(json, Some(ObjectJson::from(tree)));
+            assert_eq!(json, Some(tree.into_json()));
         }
     }
 }
