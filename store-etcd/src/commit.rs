@@ -226,7 +226,7 @@ impl Committer {
     /// the others are decided again on a fresh read), so positions stay gapless and the chain
     /// intact. A transaction that failed only because etcd applied it before the one it follows
     /// (its failure branch found an earlier head of this committer's own) is sent again
-    /// unchanged. Anything off the fast path (a stream or claim not cached, a partly known
+    /// unchanged. Anything off the fast path (a claim not cached, a rejected
     /// request, another server's commit) drains the pipeline and commits alone.
     pub(crate) async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Pending>) {
         let mut carried: Option<Pending> = None;
@@ -623,7 +623,7 @@ impl Committer {
                 }
             }
             // The head moved (another server committed), or something unexplained happened:
-            // either way the caches are suspect.
+            // either way the claim cache is suspect and the index may be behind.
             self.stale = true;
             guard_failures += 1;
             if guard_failures > GUARD_RETRIES_MAX || Instant::now() >= deadline {
