@@ -11,13 +11,17 @@
 //! processor time the whole process spent per request with, in brackets, the part the load
 //! clients' own threads spent (the rest is the server's) — figures that hold still when other
 //! work shares the machine — and the log's durable single-event appends/s, and the
-//! gateway/log ratio.
+//! gateway/log ratio; then the gRPC floor: the standard health service's `Check` from the same
+//! clients against the same server (its transport and layers, no domain work), its rate, p99
+//! and processor time per request, and creates as a ratio of it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
 use vmplane_gateway::cli::{Backend, ServeArgs};
 use vmplane_gateway::pb;
 use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, ProposedEvent, SledLog};
@@ -114,12 +118,24 @@ impl Phase {
     }
 }
 
-/// `clients` tasks, each sending requests made by `make(client, i)` for `run` seconds.
+/// What a phase's clients send.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Load {
+    /// `Apply` of a new VM.
+    Create,
+    /// `Apply` of an edit to a VM the create phase made, in the same order.
+    Update,
+    /// The standard health service's `Check`: the same server, transport, layers (metrics,
+    /// tracing) and clients, no domain work — the gRPC floor the other phases stand on.
+    HealthCheck,
+}
+
+/// `clients` tasks, each sending `load` requests for `run` seconds.
 async fn drive(
     channels: &[Channel],
     clients: usize,
     run: Duration,
-    update: bool,
+    load: Load,
     round: usize,
 ) -> Phase {
     let stop = Arc::new(AtomicBool::new(false));
@@ -128,28 +144,30 @@ async fn drive(
     let client_cpu_before = client_threads_cpu();
     let mut tasks = Vec::new();
     for c in 0..clients {
-        let mut client =
-            pb::objects_client::ObjectsClient::new(channels[c % channels.len()].clone());
+        let channel = channels[c % channels.len()].clone();
+        let mut client = pb::objects_client::ObjectsClient::new(channel.clone());
+        let mut health = HealthClient::new(channel);
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 let name = format!("vm-r{round}-c{c}-{i}");
-                // Updates edit the VMs the create phase made, in the same order.
-                let m = if update {
-                    manifest(&name, 256)
-                } else {
-                    manifest(&name, 128)
-                };
+                let memory_mi = if load == Load::Update { 256 } else { 128 };
                 let t = Instant::now();
-                let r = client
-                    .apply(pb::ApplyRequest {
-                        manifest: m,
-                        namespace: "load".into(),
-                        ..Default::default()
-                    })
-                    .await;
+                let r = match load {
+                    Load::HealthCheck => {
+                        health.check(HealthCheckRequest::default()).await.map(drop)
+                    }
+                    Load::Create | Load::Update => client
+                        .apply(pb::ApplyRequest {
+                            manifest: manifest(&name, memory_mi),
+                            namespace: "load".into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .map(drop),
+                };
                 if let Err(status) = r {
                     eprintln!("request failed: {status}");
                     break;
@@ -275,7 +293,7 @@ fn main() -> anyhow::Result<()> {
             channels.push(ch);
         }
         println!(
-            "{:>7} | {:>10} {:>9} {:>9} {:>14} | {:>10} {:>9} {:>9} {:>14} | {:>12} | {:>6}",
+            "{:>7} | {:>10} {:>9} {:>9} {:>14} | {:>10} {:>9} {:>9} {:>14} | {:>12} | {:>6} | {:>10} {:>9} {:>14} | {:>6}",
             "clients",
             "creates/s",
             "p50",
@@ -286,14 +304,19 @@ fn main() -> anyhow::Result<()> {
             "p99",
             "cpu µs/op (cl)",
             "log appends/s",
+            "ratio",
+            "checks/s",
+            "p99",
+            "cpu µs/op (cl)",
             "ratio"
         );
         for (round, &clients) in levels.iter().enumerate() {
-            let create = drive(&channels, clients, run, false, round).await;
-            let update = drive(&channels, clients, run, true, round).await;
+            let create = drive(&channels, clients, run, Load::Create, round).await;
+            let update = drive(&channels, clients, run, Load::Update, round).await;
+            let floor = drive(&channels, clients, run, Load::HealthCheck, round).await;
             let log = tokio::task::spawn_blocking(move || log_baseline(clients, run)).await?;
             println!(
-                "{:>7} | {:>10.0} {:>9.2?} {:>9.2?} {:>14} | {:>10.0} {:>9.2?} {:>9.2?} {:>14} | {:>12.0} | {:>5.2}x",
+                "{:>7} | {:>10.0} {:>9.2?} {:>9.2?} {:>14} | {:>10.0} {:>9.2?} {:>9.2?} {:>14} | {:>12.0} | {:>5.2}x | {:>10.0} {:>9.2?} {:>14} | {:>5.2}x",
                 clients,
                 create.rate(),
                 create.p50,
@@ -304,7 +327,11 @@ fn main() -> anyhow::Result<()> {
                 update.p99,
                 update.cpu(),
                 log,
-                create.rate() / log
+                create.rate() / log,
+                floor.rate(),
+                floor.p99,
+                floor.cpu(),
+                create.rate() / floor.rate()
             );
         }
         anyhow::Ok(())
