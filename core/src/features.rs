@@ -680,27 +680,37 @@ fn non_empty_list(v: Option<&Value>) -> bool {
 ///
 /// `Snapshot` is never requested by a spec: it gates commands ([`require_feature`]).
 pub fn features_requested(spec: &VmiSpec, prefix: &str) -> Vec<FeatureUse> {
-    let v = serde_json::to_value(spec).unwrap_or(Value::Null);
+    // Read from the typed spec and the unknown fields it keeps (the fields below are all
+    // unknown to the types but `hostDevices` and `gpus`): no JSON tree of the spec is built.
+    // The test below holds this equal to reading the same paths in the spec's JSON.
     let at = |rest: &str| format!("{prefix}.{rest}");
     let mut out = Vec::new();
     let mut push = |feature: &'static str, field: String| out.push(FeatureUse { feature, field });
-    let devices = v.pointer("/domain/devices");
-    let dev = |k: &str| devices.and_then(|d| d.get(k));
+    let devices = spec.domain.devices.as_ref();
+    let dev = |k: &str| devices.and_then(|d| d.extra.get(k));
     if present(dev("downwardMetrics")) {
         push(DOWNWARD_METRICS, at("domain.devices.downwardMetrics"));
     }
     if dev("tpm").and_then(|t| t.get("persistent")) == Some(&Value::Bool(true)) {
         push(VM_PERSISTENT_STATE, at("domain.devices.tpm.persistent"));
     }
-    if v.pointer("/domain/firmware/bootloader/efi/persistent") == Some(&Value::Bool(true)) {
+    let efi_persistent = spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.bootloader.as_ref())
+        .and_then(|b| b.get("efi"))
+        .and_then(|efi| efi.get("persistent"));
+    if efi_persistent == Some(&Value::Bool(true)) {
         push(
             VM_PERSISTENT_STATE,
             at("domain.firmware.bootloader.efi.persistent"),
         );
     }
-    if let Some(disks) = dev("disks").and_then(Value::as_array) {
+    if let Some(disks) = devices.and_then(|d| d.disks.as_ref()) {
         for (i, d) in disks.iter().enumerate() {
-            if d.pointer("/lun/reservation") == Some(&Value::Bool(true)) {
+            let reservation = d.lun.as_ref().and_then(|l| l.extra.get("reservation"));
+            if reservation == Some(&Value::Bool(true)) {
                 push(
                     PERSISTENT_RESERVATION,
                     at(&format!("domain.devices.disks[{i}].lun.reservation")),
@@ -708,15 +718,15 @@ pub fn features_requested(spec: &VmiSpec, prefix: &str) -> Vec<FeatureUse> {
             }
         }
     }
-    if non_empty_list(dev("hostDevices")) {
+    if non_empty_list(devices.and_then(|d| d.host_devices.as_ref())) {
         push(HOST_DEVICES, at("domain.devices.hostDevices"));
     }
-    if non_empty_list(dev("gpus")) {
+    if non_empty_list(devices.and_then(|d| d.gpus.as_ref())) {
         push(GPU, at("domain.devices.gpus"));
     }
-    if let Some(volumes) = v.get("volumes").and_then(Value::as_array) {
+    if let Some(volumes) = &spec.volumes {
         for (i, vol) in volumes.iter().enumerate() {
-            if present(vol.get("downwardMetrics")) {
+            if present(vol.extra.get("downwardMetrics")) {
                 push(
                     DOWNWARD_METRICS,
                     at(&format!("volumes[{i}].downwardMetrics")),
@@ -767,4 +777,107 @@ pub fn require_feature(features: &Features, feature: &str) -> Result<(), Rejecti
             format!("{feature} feature gate is not enabled"),
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Manifest, parse_manifests};
+
+    /// The same paths read in the spec's JSON, as `features_requested` once did.
+    fn by_json(spec: &VmiSpec, prefix: &str) -> Vec<FeatureUse> {
+        let v = serde_json::to_value(spec).unwrap_or(Value::Null);
+        let at = |rest: &str| format!("{prefix}.{rest}");
+        let mut out = Vec::new();
+        let mut push =
+            |feature: &'static str, field: String| out.push(FeatureUse { feature, field });
+        let devices = v.pointer("/domain/devices");
+        let dev = |k: &str| devices.and_then(|d| d.get(k));
+        if present(dev("downwardMetrics")) {
+            push(DOWNWARD_METRICS, at("domain.devices.downwardMetrics"));
+        }
+        if dev("tpm").and_then(|t| t.get("persistent")) == Some(&Value::Bool(true)) {
+            push(VM_PERSISTENT_STATE, at("domain.devices.tpm.persistent"));
+        }
+        if v.pointer("/domain/firmware/bootloader/efi/persistent") == Some(&Value::Bool(true)) {
+            push(
+                VM_PERSISTENT_STATE,
+                at("domain.firmware.bootloader.efi.persistent"),
+            );
+        }
+        if let Some(disks) = dev("disks").and_then(Value::as_array) {
+            for (i, d) in disks.iter().enumerate() {
+                if d.pointer("/lun/reservation") == Some(&Value::Bool(true)) {
+                    push(
+                        PERSISTENT_RESERVATION,
+                        at(&format!("domain.devices.disks[{i}].lun.reservation")),
+                    );
+                }
+            }
+        }
+        if non_empty_list(dev("hostDevices")) {
+            push(HOST_DEVICES, at("domain.devices.hostDevices"));
+        }
+        if non_empty_list(dev("gpus")) {
+            push(GPU, at("domain.devices.gpus"));
+        }
+        if let Some(volumes) = v.get("volumes").and_then(Value::as_array) {
+            for (i, vol) in volumes.iter().enumerate() {
+                if present(vol.get("downwardMetrics")) {
+                    push(
+                        DOWNWARD_METRICS,
+                        at(&format!("volumes[{i}].downwardMetrics")),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    fn specs_of(manifests: Vec<Manifest>) -> Vec<VmiSpec> {
+        manifests
+            .into_iter()
+            .filter_map(|m| match m {
+                Manifest::VirtualMachine(vm) => vm.vmi_spec().cloned(),
+                Manifest::VirtualMachineInstance(vmi) => Some(vmi.spec.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn typed_reading_matches_the_json_paths() {
+        let mut specs = Vec::new();
+        let corpus =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/manifest");
+        let mut files: Vec<_> = std::fs::read_dir(&corpus)
+            .expect("the fuzz corpus of manifests")
+            .map(|e| e.expect("a corpus entry").path())
+            .collect();
+        files.sort();
+        for file in files {
+            let bytes = std::fs::read(&file).expect("a corpus file");
+            if let Ok(manifests) = parse_manifests(&bytes) {
+                specs.extend(specs_of(manifests));
+            }
+        }
+        assert!(specs.len() >= 10, "the corpus holds VMs and VMIs");
+        // Values at the edges: nulls, wrong types, empty lists, false flags.
+        let edges = [
+            r#"{"domain":{"devices":{"downwardMetrics":null,"tpm":{"persistent":false},"gpus":null,"hostDevices":{}}},"volumes":[{"name":"a","downwardMetrics":null}]}"#,
+            r#"{"domain":{"devices":{"downwardMetrics":{},"tpm":{"persistent":"true"},"gpus":[],"hostDevices":[{"name":"x"}],"disks":[{"name":"a","lun":{"reservation":false}},{"name":"b","disk":{"reservation":true}},{"name":"c","lun":{"reservation":true}}]},"firmware":{"bootloader":{"efi":[true]}}},"volumes":[{"name":"m","downwardMetrics":{}}]}"#,
+            r#"{"domain":{"firmware":{"bootloader":{"efi":{"persistent":true}}},"devices":{"tpm":{"persistent":true},"gpus":[{"name":"g"}]}}}"#,
+            r#"{"domain":{}}"#,
+        ];
+        for text in edges {
+            specs.push(serde_json::from_str(text).expect("an edge spec"));
+        }
+        let mut requesting = 0;
+        for spec in &specs {
+            let typed = features_requested(spec, "spec");
+            assert_eq!(typed, by_json(spec, "spec"), "{spec:?}");
+            requesting += usize::from(!typed.is_empty());
+        }
+        assert!(requesting >= 2, "some specs request features");
+    }
 }

@@ -14,9 +14,11 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 use vmplane_core::types::{Kind, Manifest, parse_manifest};
 use vmplane_core::{ObjectCommand, Rejection, VmCommand, VmiCommand};
-use vmplane_projections::command::{Command, CommandError, CommandHandler, CommandMeta};
+use vmplane_projections::command::{
+    AsyncExecuted, Command, CommandError, CommandHandler, CommandMeta, Executed,
+};
 use vmplane_projections::watch::WatchFilter;
-use vmplane_projections::{At, Projections};
+use vmplane_projections::{At, ObjectView, Projections, Snapshot};
 use vmplane_store::{EventLog, Position, Timestamp};
 
 use crate::auth::{Access, Authenticator, Principal};
@@ -260,6 +262,38 @@ fn apply_command(manifest: Manifest, expected: Option<u64>, import: bool) -> Com
     command
 }
 
+/// The object as a write left it: at the write's own position, not whatever a concurrent later
+/// write made of it since (a client uses the reply's generation as its next expected
+/// generation). From the state the write left when the command path kept it, else read there.
+fn written_view(
+    projections: &Projections,
+    after: Option<&Arc<Snapshot>>,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+    position: Position,
+) -> Result<Option<ObjectView>, vmplane_projections::Error> {
+    match after {
+        Some(after) => projections.render_written(after, kind, namespace, name),
+        None => projections.get_at(kind, namespace, name, At::Position(position)),
+    }
+}
+
+/// The answer to an applied manifest.
+fn applied(
+    object: &str,
+    view: Option<ObjectView>,
+    done: &Executed,
+) -> Result<Response<pb::ApplyResponse>, Status> {
+    let view =
+        view.ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
+    Ok(Response::new(pb::ApplyResponse {
+        object: Some(to_pb(view.into_json())),
+        outcome: done.outcome.as_str().to_string(),
+        position: done.position.0,
+    }))
+}
+
 #[tonic::async_trait]
 impl pb::objects_server::Objects for Api {
     async fn apply(
@@ -301,6 +335,50 @@ impl pb::objects_server::Objects for Api {
         let command = apply_command(manifest, r.expected_generation, r.import);
         let meta = meta(&p, request_id(&r.request_id)?);
         let (commands, projections) = (self.commands.clone(), self.projections.clone());
+        // The command path on this thread when it needs no read of the log and the log takes
+        // submitted appends (the append is awaited, no thread parked for it); the answer too
+        // when rendering it needs no read. Everything else on a blocking thread.
+        let mut command = Some(command);
+        if !r.dry_run && saga.is_none() {
+            let taken = command
+                .take()
+                .ok_or_else(|| Status::internal("no command"))?;
+            match commands.execute_async(&meta, taken).await {
+                Ok(AsyncExecuted::Done(done, after)) => {
+                    let rendered = after
+                        .as_ref()
+                        .and_then(|after| projections.render_written_in_memory(after, kind));
+                    let response = match rendered {
+                        Some(view) => applied(&object, view, &done),
+                        None => {
+                            let (object, namespace, name) =
+                                (object.clone(), namespace.clone(), name.clone());
+                            let projections = projections.clone();
+                            blocking(move || {
+                                let view = written_view(
+                                    &projections,
+                                    after.as_ref(),
+                                    kind,
+                                    &namespace,
+                                    &name,
+                                    done.position,
+                                )
+                                .map_err(|e| from_projection(&object, e))?;
+                                applied(&object, view, &done)
+                            })
+                            .await
+                        }
+                    };
+                    if response.is_ok() {
+                        self.wrote();
+                    }
+                    return response;
+                }
+                Ok(AsyncExecuted::Blocking(back)) => command = Some(back),
+                Err(e) => return Err(from_command(&object, e)),
+            }
+        }
+        let command = command.ok_or_else(|| Status::internal("no command"))?;
         let response = blocking(move || {
             if r.dry_run {
                 let outcome = commands
@@ -341,20 +419,16 @@ impl pb::objects_server::Objects for Api {
             let (done, after) = commands
                 .execute_with_state(&meta, command)
                 .map_err(|e| from_command(&object, e))?;
-            // The object as this write left it: at the write's own position, not whatever a
-            // concurrent later write made of it since (a client uses the reply's generation as
-            // its next expected generation).
-            let view = match after {
-                Some(after) => projections.render_written(&after, kind, &namespace, &name),
-                None => projections.get_at(kind, &namespace, &name, At::Position(done.position)),
-            }
-            .map_err(|e| from_projection(&object, e))?
-            .ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
-            Ok(Response::new(pb::ApplyResponse {
-                object: Some(to_pb(view.into_json())),
-                outcome: done.outcome.as_str().to_string(),
-                position: done.position.0,
-            }))
+            let view = written_view(
+                &projections,
+                after.as_ref(),
+                kind,
+                &namespace,
+                &name,
+                done.position,
+            )
+            .map_err(|e| from_projection(&object, e))?;
+            applied(&object, view, &done)
         })
         .await;
         if response.is_ok() {

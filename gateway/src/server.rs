@@ -231,6 +231,10 @@ async fn open_log(
                 .context("open the log")?
                 .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
             let log = Arc::new(log);
+            // Requests submit their appends to the committer thread instead of each parking a
+            // blocking thread until its commit.
+            log.start_committer()
+                .with_context(|| format!("--data {}: cannot start the log", args.data.display()))?;
             Ok((log.clone(), Leadership::Sled(log)))
         }
         Backend::Etcd => {

@@ -189,6 +189,26 @@ impl StateCache {
         Ok(result)
     }
 
+    /// The state of `stream` (of `kind`) after exactly `revision` events if the cache holds it
+    /// (nothing is read from the log).
+    #[must_use]
+    pub fn cached(&self, stream: &str, kind: Kind, revision: u64) -> Option<Arc<Snapshot>> {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.tick += 1;
+        let tick = inner.tick;
+        let cached = inner.streams.get_mut(stream)?;
+        if cached.kind != kind {
+            return None;
+        }
+        let snapshot = cached
+            .snapshots
+            .get(&revision)
+            .filter(|s| s.state.revision() == revision)
+            .map(Arc::clone)?;
+        cached.used = tick;
+        Some(snapshot)
+    }
+
     /// Keeps `snapshot` as `stream`'s state at its revision (the command path hands over the
     /// state it just wrote, folded from the log's own records of the write).
     pub fn put(&self, stream: &str, kind: Kind, snapshot: Arc<Snapshot>) {

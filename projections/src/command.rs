@@ -15,7 +15,8 @@ use vmplane_core::{
     Ctx, Decision, Event, ObjectCommand, Outcome, Rejection, VmCommand, VmiCommand, object, vm, vmi,
 };
 use vmplane_store::{
-    AppendRequest, AppendResult, EventLog, ExpectedRevision, Position, ProposedEvent,
+    AppendRequest, AppendResult, Appended, EventLog, ExpectedRevision, Position, ProposedEvent,
+    Submitted,
 };
 
 use crate::cache::StateCache;
@@ -189,6 +190,17 @@ pub enum CommandError {
     },
 }
 
+/// What [`CommandHandler::execute_async`] did.
+#[derive(Debug)]
+pub enum AsyncExecuted {
+    /// Carried out: as [`CommandHandler::execute_with_state`] returns it.
+    Done(Executed, Option<Arc<Snapshot>>),
+    /// Not carried out, nothing appended: it needs what only a blocking thread may do (read
+    /// the log, or append where the log cannot take a submitted append). The command back, for
+    /// [`CommandHandler::execute_with_state`] on such a thread.
+    Blocking(Command),
+}
+
 /// Loads, decides and appends.
 pub struct CommandHandler {
     log: Arc<dyn EventLog>,
@@ -334,6 +346,116 @@ impl CommandHandler {
                     return self
                         .replayed(&stream, position, attempts)
                         .map(|d| (d, None));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// [`CommandHandler::execute_with_state`] for an async caller, on its own thread: when the
+    /// log takes submitted appends ([`EventLog::submits`]) and the command needs no read of
+    /// the log (its stream is new or its state is in the state cache, and it references no
+    /// instancetype or preference to resolve), it is decided here and its append submitted and
+    /// awaited, with no thread parked for it. The same decisions, retries and rejections as
+    /// `execute_with_state`; anything else comes back as [`AsyncExecuted::Blocking`].
+    pub async fn execute_async(
+        &self,
+        meta: &CommandMeta,
+        command: Command,
+    ) -> Result<AsyncExecuted, CommandError> {
+        if !self.log.submits() {
+            return Ok(AsyncExecuted::Blocking(command));
+        }
+        if let Some(id) = meta.request_id
+            && let Some(done) = self
+                .recent
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .results
+                .get(&id)
+        {
+            return Ok(AsyncExecuted::Done(done.clone(), None));
+        }
+        let stream = command.stream();
+        let kind = command.kind();
+        let correlation_id = meta
+            .correlation_id
+            .or(meta.request_id)
+            .unwrap_or_else(Uuid::now_v7);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let snapshot = match self.log.stream_revision(&stream)? {
+                None => Some((Arc::new(Snapshot::empty(kind)), None)),
+                Some(revision) => self
+                    .cache
+                    .cached(&stream, kind, revision)
+                    .map(|s| (s, Some(revision))),
+            };
+            let Some((snapshot, revision)) = snapshot else {
+                return Ok(AsyncExecuted::Blocking(command));
+            };
+            if needs_resolving(&snapshot.state, &command) {
+                return Ok(AsyncExecuted::Blocking(command));
+            }
+            let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+            if decision.events.is_empty() {
+                let done = Executed {
+                    outcome: decision.outcome,
+                    append: None,
+                    stream,
+                    revision: revision.unwrap_or(0),
+                    generation: snapshot.state.generation(),
+                    position: snapshot.position,
+                    attempts,
+                };
+                return Ok(AsyncExecuted::Done(done, None));
+            }
+            let mut after = Snapshot::clone(&snapshot);
+            for event in &decision.events {
+                after.state.evolve(event);
+            }
+            let generation_after = after.state.generation();
+            let request = to_request(&stream, revision, &decision, meta, correlation_id);
+            let pending = match self.log.submit(request) {
+                Submitted::Pending(pending) => pending,
+                Submitted::Unsupported(_) => return Ok(AsyncExecuted::Blocking(command)),
+            };
+            match pending.await {
+                Ok(appended) => {
+                    let append = appended.result;
+                    let done = Executed {
+                        outcome: decision.outcome,
+                        append: Some(append),
+                        stream,
+                        revision: append.last_revision,
+                        generation: generation_after,
+                        position: append.last_position,
+                        attempts,
+                    };
+                    self.remember(meta.request_id, &done);
+                    let after = self.state_placed(
+                        &done.stream,
+                        kind,
+                        &snapshot,
+                        after,
+                        &decision,
+                        &appended,
+                    );
+                    return Ok(AsyncExecuted::Done(done, after));
+                }
+                Err(vmplane_store::Error::Conflict { .. })
+                    if attempts <= self.options.decide_retries_max => {}
+                Err(vmplane_store::Error::Conflict { .. }) => {
+                    return Err(CommandError::RetriesExhausted { stream, attempts });
+                }
+                Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
+                    let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(&key);
+                    return Err(Rejection::firmware_uuid_taken(uuid, &holder).into());
+                }
+                // A retried request already in the log: reporting it reads the log.
+                Err(vmplane_store::Error::EventIdReused { .. }) if meta.request_id.is_some() => {
+                    return Ok(AsyncExecuted::Blocking(command));
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -544,6 +666,46 @@ impl CommandHandler {
         Some(after)
     }
 
+    /// [`CommandHandler::state_after`] from what a submitted append reports (its positions and
+    /// the time recorded with its events): nothing is read back. `None` when the report does
+    /// not place the decided events right after `before`.
+    fn state_placed(
+        &self,
+        stream: &str,
+        kind: Kind,
+        before: &Snapshot,
+        mut after: Snapshot,
+        decision: &Decision,
+        appended: &Appended,
+    ) -> Option<Arc<Snapshot>> {
+        let append = &appended.result;
+        if append.replayed || append.first_revision != before.state.revision() + 1 {
+            return None;
+        }
+        let count = append
+            .last_position
+            .0
+            .checked_sub(append.first_position.0)?
+            + 1;
+        if decision.events.len() as u64 != count {
+            return None;
+        }
+        let recorded_at = appended.recorded_at?.0;
+        if decision.events.iter().any(|event| {
+            matches!(
+                event,
+                Event::VmCreated(_) | Event::VmiCreated(_) | Event::ObjectCreated(_)
+            )
+        }) {
+            after.created_at_ns = Some(recorded_at);
+        }
+        after.recorded_at_ns = recorded_at;
+        after.position = append.last_position;
+        let after = Arc::new(after);
+        self.cache.put(stream, kind, Arc::clone(&after));
+        Some(after)
+    }
+
     /// A retried request whose events are already in the log (found through the store's
     /// idempotency by event id): report where they are.
     fn replayed(
@@ -662,6 +824,24 @@ impl CommandHandler {
             _ => None,
         })
     }
+}
+
+/// Whether [`CommandHandler::resolve`] would read the log for `command`: a VM put that
+/// references an instancetype or preference it does not carry.
+fn needs_resolving(state: &AggState, command: &Command) -> bool {
+    let (
+        AggState::Vm(vm_state),
+        Command::Vm {
+            command: VmCommand::Create(put) | VmCommand::Update(put) | VmCommand::Apply(put),
+            ..
+        },
+    ) = (state, command)
+    else {
+        return false;
+    };
+    let needs = vm::needs(vm_state, &put.vm);
+    (put.instancetype.is_none() && needs.instancetype.is_some())
+        || (put.preference.is_none() && needs.preference.is_some())
 }
 
 fn decide(state: &AggState, command: &Command, ctx: &mut Ctx) -> Result<Decision, Rejection> {

@@ -80,7 +80,9 @@ pub mod render;
 pub mod watch;
 
 pub use cache::{CacheOptions, StateCache};
-pub use command::{Command, CommandError, CommandHandler, CommandMeta, CommandOptions, Executed};
+pub use command::{
+    AsyncExecuted, Command, CommandError, CommandHandler, CommandMeta, CommandOptions, Executed,
+};
 pub use error::{Error, Result};
 pub use features::{features_requested, state_features};
 pub use history::{AuditQuery, AuditRecord, HistoryEntry, SpecDiff};

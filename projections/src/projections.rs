@@ -547,6 +547,57 @@ impl Projections {
         ))
     }
 
+    /// [`Projections::render_written`] when it needs no read of the log (for an async caller
+    /// on its own thread): `None` for kinds that take the ordinary read, or when the cluster
+    /// config in force at the write is not known from memory (the read model is behind the
+    /// write and the log's config stream has moved past what the model knows, or that config
+    /// is not the one kept decoded). `Some(None)`: rendered, not live (as `render_written`'s
+    /// `Ok(None)`).
+    #[must_use]
+    pub fn render_written_in_memory(
+        &self,
+        snapshot: &Snapshot,
+        kind: Kind,
+    ) -> Option<Option<ObjectView>> {
+        if matches!(kind, Kind::VirtualMachineInstance | Kind::KubeVirt) {
+            return None;
+        }
+        let features = self.features_in_memory(snapshot.position)?;
+        Some(render(
+            snapshot,
+            kind,
+            &features,
+            snapshot.recorded_at_ns / 1_000_000,
+        ))
+    }
+
+    /// [`Projections::features_at`] `position` from memory only. The read model may be behind
+    /// `position`; then the config in force there is the latest the model knows only if the
+    /// log's config stream is still at that revision (the caller's write at `position` is
+    /// durable, so every config change before it is in the log's stream heads).
+    fn features_in_memory(&self, position: Position) -> Option<Arc<Features>> {
+        let stream = vmplane_core::streams::CLUSTER_CONFIG;
+        let revision = {
+            let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+            let entry = model.entry(stream);
+            if model.applied() < position {
+                let known = entry.map_or(0, |e| e.revision());
+                let current = self.log.stream_revision(stream).ok()?.unwrap_or(0);
+                if current != known {
+                    return None;
+                }
+            }
+            entry.map_or(0, |e| e.revision_at(position))
+        };
+        if revision == 0 {
+            return Some(Arc::clone(&self.default_features));
+        }
+        match &*self.features.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((r, f)) if *r == revision => Some(Arc::clone(f)),
+            _ => None,
+        }
+    }
+
     /// The folded state of `stream` at `revision` (the aggregate, not rendered).
     pub fn state_at(&self, stream: &str, kind: Kind, revision: u64) -> Result<Arc<Snapshot>> {
         self.load(stream, kind, revision)

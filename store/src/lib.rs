@@ -69,6 +69,7 @@ pub mod error;
 pub mod hash;
 pub mod log;
 pub mod sled_log;
+pub mod submit;
 pub mod types;
 
 #[cfg(feature = "contract")]
@@ -77,6 +78,7 @@ pub mod contract;
 pub use error::{Error, Result};
 pub use log::{EventLog, FencedLog, PayloadValidator, Subscription, Visitor, check_request};
 pub use sled_log::{Clock, CommitStats, SledLog, SledOptions};
+pub use submit::{Appended, PendingAppend, Submitted};
 pub use types::{
     AppendRequest, AppendResult, Claim, Direction, ExpectedRevision, Fence, Limits, Position,
     ProposedEvent, RecordedEvent, RecordedEventRef, Revision, Timestamp, VerifyReport,

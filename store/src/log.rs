@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::submit::Submitted;
 use crate::types::{
     AppendRequest, AppendResult, Claim, Direction, Fence, Limits, Position, RecordedEvent,
     RecordedEventRef, Revision, Timestamp, VerifyReport,
@@ -25,7 +26,8 @@ pub type Visitor<'a> = &'a mut dyn FnMut(&RecordedEventRef<'_>) -> ControlFlow<(
 
 /// The append-only, hash-chained event log.
 ///
-/// Blocking: async callers use `spawn_blocking`. Object safe: use it as `Arc<dyn EventLog>`.
+/// Blocking: async callers use `spawn_blocking`, or [`EventLog::submit`] where the backend
+/// [`EventLog::submits`]. Object safe: use it as `Arc<dyn EventLog>`.
 ///
 /// Every read sees only durable events: nothing past [`EventLog::head`], so a reader never sees an
 /// event that a crash could take back.
@@ -48,6 +50,24 @@ pub trait EventLog: Send + Sync {
         Err(Error::InvalidRequest {
             reason: format!("this log cannot check fence {fence}: fenced appends are refused"),
         })
+    }
+
+    /// [`EventLog::append`] without waiting: the append is queued for the group commit and the
+    /// returned future completes once it is durable (or refused), with the same result and the
+    /// same guarantees. Appends submitted and appended concurrently share commits.
+    ///
+    /// The default has no such path and gives the request back
+    /// ([`Submitted::Unsupported`]). A backend that implements it says so in
+    /// [`EventLog::submits`].
+    fn submit(&self, request: AppendRequest) -> Submitted {
+        Submitted::Unsupported(request)
+    }
+
+    /// True when [`EventLog::submit`] queues appends, and [`EventLog::stream_revision`] and
+    /// [`EventLog::claim_holder`] answer from memory: an async caller may then decide and
+    /// submit on its own thread, with no blocking thread per append.
+    fn submits(&self) -> bool {
+        false
     }
 
     /// Up to `max_count` events of `stream` (capped by [`Limits::read_events_max`]), starting at

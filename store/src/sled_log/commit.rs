@@ -10,15 +10,25 @@
 //! `apply_batch`, one `flush`, one `fdatasync`; then it updates the state, publishes the new head
 //! and wakes every appender with its own result. Finally it hands leadership to the first waiting
 //! appender, if any.
+//!
+//! An append submitted without waiting ([`SledLog::submit_grouped`]) queues the same way with a
+//! future instead of a sleeping thread, and never leads: the log's committer thread
+//! ([`SledLog::start_committer`]) does, woken when such an append finds no commit in progress
+//! or reaches the front of the queue. Its event ids are looked up by the leader. A thread
+//! appender that leads hands over to the committer rather than committing others' submitted
+//! appends on its own time.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::fs::File;
+use std::future::Future;
 use std::os::unix::fs::MetadataExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 
 use uuid::Uuid;
 
@@ -30,6 +40,7 @@ use crate::hash::event_hash;
 use crate::log::{check_request, decide_claims};
 // How one request was decided: the same outcomes on every backend.
 use crate::log::AppendDecision as Decision;
+use crate::submit::{Appended, PendingAppend, Submitted};
 use crate::types::{AppendRequest, AppendResult, Position, RecordedEventRef, Revision, Timestamp};
 
 /// Appends waiting for a leader, and whether one is at work. Invariant: when no leader is
@@ -43,12 +54,15 @@ pub(super) struct Queue {
 /// One queued append.
 struct Pending {
     request: AppendRequest,
-    /// Where each event id was found on disk before queueing (`None`: not found).
-    known: Vec<Option<IdLocation>>,
+    /// Where each event id was found on disk before queueing (`None`: not found); `None` when
+    /// not looked up (a submitted append): the leader looks them up.
+    known: Option<Vec<Option<IdLocation>>>,
     /// The last applied position when `known` was looked up: ids committed after it are in
     /// `State::recent_ids`.
     checked_through: u64,
     slot: Arc<Slot>,
+    /// A submitted append: a future waits on the slot, no thread; it is never made leader.
+    submitted: bool,
 }
 
 /// Where an appender sleeps until its append is decided, or until it is made leader.
@@ -56,6 +70,8 @@ struct Pending {
 struct Slot {
     state: Mutex<SlotState>,
     ready: Condvar,
+    /// The task awaiting a submitted append (taken under `state`'s lock).
+    waker: Mutex<Option<Waker>>,
 }
 
 #[derive(Default)]
@@ -63,17 +79,25 @@ enum SlotState {
     #[default]
     Waiting,
     Lead,
-    Done(Result<AppendResult>),
+    /// The result, and the time recorded with the commit's events (`None`: nothing written).
+    Done(Result<AppendResult>, Option<i64>),
 }
 
 impl Slot {
     fn set(&self, value: SlotState) {
-        *lock(&self.state) = value;
+        let waker = {
+            let mut state = lock(&self.state);
+            *state = value;
+            lock(&self.waker).take()
+        };
         self.ready.notify_one();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 
     fn is_done(&self) -> bool {
-        matches!(*lock(&self.state), SlotState::Done(_))
+        matches!(*lock(&self.state), SlotState::Done(..))
     }
 
     /// Sleeps until the slot is `Lead` (returns `None`) or `Done` (returns the result).
@@ -85,8 +109,70 @@ impl Slot {
                     state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
                 }
                 SlotState::Lead => return None,
-                SlotState::Done(result) => return Some(result),
+                SlotState::Done(result, _) => return Some(result),
             }
+        }
+    }
+}
+
+/// A submitted append's future: ready once the leader has set its slot `Done`.
+struct SlotFuture(Arc<Slot>);
+
+impl Future for SlotFuture {
+    type Output = Result<Appended>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = lock(&self.0.state);
+        match std::mem::take(&mut *state) {
+            SlotState::Done(result, recorded_at) => Poll::Ready(result.map(|result| Appended {
+                recorded_at: recorded_at.filter(|_| !result.replayed).map(Timestamp),
+                result,
+            })),
+            other => {
+                *state = other;
+                *lock(&self.0.waker) = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The committer thread's bell: rung when a submitted append needs a leader.
+#[derive(Default)]
+pub(super) struct Committer {
+    state: Mutex<CommitterState>,
+    rung: Condvar,
+}
+
+#[derive(Default)]
+struct CommitterState {
+    wanted: bool,
+    closed: bool,
+}
+
+impl Committer {
+    fn want(&self) {
+        lock(&self.state).wanted = true;
+        self.rung.notify_one();
+    }
+
+    /// Ends the thread (the log is closing).
+    pub(super) fn close(&self) {
+        lock(&self.state).closed = true;
+        self.rung.notify_one();
+    }
+
+    /// Sleeps until wanted (`true`) or closed (`false`).
+    fn wait(&self) -> bool {
+        let mut state = lock(&self.state);
+        loop {
+            if state.closed {
+                return false;
+            }
+            if std::mem::take(&mut state.wanted) {
+                return true;
+            }
+            state = self.rung.wait(state).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -115,21 +201,82 @@ impl SledLog {
             let mut queue = lock(&self.queue);
             queue.pending.push_back(Pending {
                 request,
-                known,
+                known: Some(known),
                 checked_through,
                 slot: Arc::clone(&slot),
+                submitted: false,
             });
             !std::mem::replace(&mut queue.leader_active, true)
         };
         if !leading && let Some(result) = slot.wait() {
             return result;
         }
-        self.lead();
+        self.lead(false);
         slot.wait().unwrap_or_else(|| {
             Err(Error::Unavailable {
                 reason: "a leader finished without deciding its own append".into(),
             })
         })
+    }
+
+    /// Starts the committer thread that commits submitted appends; until it runs,
+    /// [`EventLog::submit`](crate::EventLog::submit) gives requests back. The thread holds the
+    /// log only while it commits and ends when the log is dropped. Calling it again does
+    /// nothing.
+    pub fn start_committer(self: &Arc<Self>) -> Result<()> {
+        let committer = Arc::new(Committer::default());
+        if self.committer.set(Arc::clone(&committer)).is_err() {
+            return Ok(());
+        }
+        let log: Weak<SledLog> = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("log committer".into())
+            .spawn(move || {
+                while committer.wait() {
+                    let Some(log) = log.upgrade() else { return };
+                    log.lead(true);
+                }
+            });
+        match spawned {
+            Ok(_) => Ok(()),
+            Err(source) => Err(Error::Io {
+                context: "starting the log's committer thread",
+                source,
+            }),
+        }
+    }
+
+    /// Queues `request` for the group commit and returns at once; the future completes when
+    /// the append is decided. See [`EventLog::submit`](crate::EventLog::submit).
+    pub(super) fn submit_grouped(&self, request: AppendRequest) -> Submitted {
+        let Some(committer) = self.committer.get() else {
+            return Submitted::Unsupported(request);
+        };
+        if let Err(err) = check_request(&self.options.limits, &request) {
+            return Submitted::Pending(PendingAppend::new(std::future::ready(Err(err))));
+        }
+        if let Some(reason) = &lock(&self.state).poisoned {
+            let err = Error::Unavailable {
+                reason: reason.clone(),
+            };
+            return Submitted::Pending(PendingAppend::new(std::future::ready(Err(err))));
+        }
+        let slot = Arc::new(Slot::default());
+        let wake = {
+            let mut queue = lock(&self.queue);
+            queue.pending.push_back(Pending {
+                request,
+                known: None,
+                checked_through: 0,
+                slot: Arc::clone(&slot),
+                submitted: true,
+            });
+            !std::mem::replace(&mut queue.leader_active, true)
+        };
+        if wake {
+            committer.want();
+        }
+        Submitted::Pending(PendingAppend::new(SlotFuture(slot)))
     }
 
     fn lookup_ids(&self, request: &AppendRequest) -> Result<Vec<Option<IdLocation>>> {
@@ -148,8 +295,38 @@ impl SledLog {
             .collect()
     }
 
-    /// Commits one group from the front of the queue, then hands leadership on.
-    fn lead(&self) {
+    /// Commits groups from the front of the queue, then hands leadership on: to the thread
+    /// appender at the front, or (from a thread appender) to the committer when a submitted
+    /// append is at the front. The committer (`committer`) goes on while submitted appends are.
+    fn lead(&self, committer: bool) {
+        loop {
+            self.lead_one();
+            let mut queue = lock(&self.queue);
+            match queue.pending.front() {
+                None => {
+                    queue.leader_active = false;
+                    return;
+                }
+                Some(next) if !next.submitted => {
+                    next.slot.set(SlotState::Lead);
+                    return;
+                }
+                Some(_) if committer => {}
+                Some(_) => {
+                    drop(queue);
+                    match self.committer.get() {
+                        Some(c) => c.want(),
+                        // Unreachable: appends are only submitted once the committer runs.
+                        None => continue,
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Commits one group from the front of the queue.
+    fn lead_one(&self) {
         let group = {
             let mut queue = lock(&self.queue);
             let mut events = 0usize;
@@ -173,35 +350,37 @@ impl SledLog {
             .iter()
             .map(|pending| Arc::clone(&pending.slot))
             .collect();
+        if group.is_empty() {
+            return;
+        }
         match catch_unwind(AssertUnwindSafe(|| self.commit_group(group))) {
-            Ok(results) => {
+            Ok((results, recorded_at)) => {
                 for (slot, result) in slots.iter().zip(results) {
-                    slot.set(SlotState::Done(result));
+                    slot.set(SlotState::Done(result, recorded_at));
                 }
             }
             Err(_) => {
                 let reason = "the group commit panicked".to_owned();
                 lock(&self.state).poisoned = Some(reason.clone());
                 for slot in slots.iter().filter(|slot| !slot.is_done()) {
-                    slot.set(SlotState::Done(Err(Error::Unavailable {
-                        reason: reason.clone(),
-                    })));
+                    slot.set(SlotState::Done(
+                        Err(Error::Unavailable {
+                            reason: reason.clone(),
+                        }),
+                        None,
+                    ));
                 }
             }
         }
-        let mut queue = lock(&self.queue);
-        match queue.pending.front() {
-            Some(next) => next.slot.set(SlotState::Lead),
-            None => queue.leader_active = false,
-        }
     }
 
-    /// Decides, writes and syncs one group; returns each request's result, in order.
-    fn commit_group(&self, group: Vec<Pending>) -> Vec<Result<AppendResult>> {
+    /// Decides, writes and syncs one group; returns each request's result, in order, and the
+    /// time recorded with the events written (`None` if none were).
+    fn commit_group(&self, group: Vec<Pending>) -> (Vec<Result<AppendResult>>, Option<i64>) {
         let mut state = lock(&self.state);
         if let Some(reason) = &state.poisoned {
             let reason = reason.clone();
-            return group
+            let results = group
                 .iter()
                 .map(|_| {
                     Err(Error::Unavailable {
@@ -209,6 +388,7 @@ impl SledLog {
                     })
                 })
                 .collect();
+            return (results, None);
         }
         let mut overlay = Overlay {
             next_position: state.last_position + 1,
@@ -233,7 +413,10 @@ impl SledLog {
         let accepted_events = (overlay.next_position - state.last_position - 1) as usize;
         if accepted_events == 0 {
             drop(state);
-            return decisions.into_iter().map(Decision::into_result).collect();
+            return (
+                decisions.into_iter().map(Decision::into_result).collect(),
+                None,
+            );
         }
 
         let recorded_at = (self.options.clock)().0.max(state.last_recorded_at);
@@ -244,7 +427,7 @@ impl SledLog {
                 // Nothing reached the engine: the group fails, the log stays usable.
                 let reason = err.to_string();
                 drop(state);
-                return decisions
+                let results = decisions
                     .into_iter()
                     .map(|decision| match decision {
                         Decision::Reject(err) => Err(err),
@@ -253,6 +436,7 @@ impl SledLog {
                         }),
                     })
                     .collect();
+                return (results, None);
             }
         };
         let first_position = state.last_position + 1;
@@ -264,7 +448,7 @@ impl SledLog {
                 format!("commit of positions {first_position}..={last_position} failed: {err}");
             tracing::error!(%reason, "the log refuses appends until it is reopened");
             lock(&self.state).poisoned = Some(reason.clone());
-            return decisions
+            let results = decisions
                 .into_iter()
                 .map(|decision| match decision {
                     Decision::Reject(err) => Err(err),
@@ -273,6 +457,7 @@ impl SledLog {
                     }),
                 })
                 .collect();
+            return (results, None);
         }
 
         // Publish the durable head before the in-memory stream heads: a reader that learns a
@@ -305,7 +490,10 @@ impl SledLog {
         self.committed_events
             .fetch_add(last_position - first_position + 1, Ordering::Relaxed);
         self.maybe_record_head();
-        decisions.into_iter().map(Decision::into_result).collect()
+        (
+            decisions.into_iter().map(Decision::into_result).collect(),
+            Some(recorded_at),
+        )
     }
 
     /// How one request fares against the state plus the group's earlier effects.
@@ -381,7 +569,10 @@ impl SledLog {
         overlay: &Overlay,
         pending: &Pending,
     ) -> Result<Vec<Option<IdLocation>>> {
-        let recent_cover = state.recent_ids.covers(pending.checked_through);
+        // A submitted append's ids were not looked up before queueing: look them up now (the
+        // disk holds every earlier commit; this group's are in the overlay).
+        let recent_cover =
+            pending.known.is_some() && state.recent_ids.covers(pending.checked_through);
         let on_disk = if recent_cover {
             None
         } else {
@@ -398,9 +589,9 @@ impl SledLog {
                     .get(&event.id)
                     .or_else(|| state.recent_ids.by_id.get(&event.id))
                     .cloned()
-                    .or_else(|| match &on_disk {
-                        Some(on_disk) => on_disk[index].clone(),
-                        None => pending.known[index].clone(),
+                    .or_else(|| match (&on_disk, &pending.known) {
+                        (Some(found), _) | (None, Some(found)) => found[index].clone(),
+                        (None, None) => None,
                     })
             })
             .collect())

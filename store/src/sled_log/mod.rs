@@ -7,7 +7,9 @@
 //!   `apply_batch` + `flush` + `fdatasync` of `<dir>/db` (plus any new file under `blobs/`), and
 //!   only then acknowledged. The directory is synced once at creation.
 //! - **Group commit** ([`commit`]): the first appender that finds no commit in progress commits
-//!   on its own thread; others queue and sleep until a leader has made them durable.
+//!   on its own thread; others queue and sleep until a leader has made them durable. Appends
+//!   submitted without waiting (`EventLog::submit`) queue the same way and are committed by
+//!   the log's committer thread ([`SledLog::start_committer`]), which wakes their futures.
 //! - **Reads** stop at the durable head, so no reader sees an event a crash could take back.
 //! - **Damage**: sled can panic on damaged files; every entry into the engine is wrapped so a
 //!   panic becomes [`Error::Damaged`], and every stored byte is validated when read.
@@ -23,7 +25,7 @@ use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -32,6 +34,7 @@ use crate::batch::{BatchView, needs_realign, realigned};
 use crate::error::{Error, Result};
 use crate::hash::{GENESIS_PREV_HASH, event_hash};
 use crate::log::{EventLog, PayloadValidator, Visitor};
+use crate::submit::Submitted;
 use crate::types::{
     AppendRequest, AppendResult, Direction, Fence, Limits, Position, RecordedEvent,
     RecordedEventRef, Revision, Timestamp, VerifyReport,
@@ -121,6 +124,8 @@ pub struct SledLog {
     /// The current term of each leadership ([`SledLog::take_fence`]). A fenced append holds the
     /// read lock across its commit, so a new term cannot begin in the middle of one.
     fences: RwLock<HashMap<String, u64>>,
+    /// The thread that commits submitted appends ([`SledLog::start_committer`]), once started.
+    committer: OnceLock<Arc<commit::Committer>>,
 }
 
 /// Counters of the group commit since open.
@@ -243,6 +248,7 @@ impl SledLog {
             commits: AtomicU64::new(0),
             committed_events: AtomicU64::new(0),
             fences: RwLock::new(HashMap::new()),
+            committer: OnceLock::new(),
         };
         guarded("loading the log", || log.initialize_or_load())?;
         guarded("checking the recorded head", || log.check_head_record())?;
@@ -753,6 +759,9 @@ impl SledLog {
 
 impl Drop for SledLog {
     fn drop(&mut self) {
+        if let Some(committer) = self.committer.get() {
+            committer.close();
+        }
         if lock(&self.state).poisoned.is_none()
             && let Err(err) = self.record_head()
         {
@@ -779,6 +788,14 @@ impl SledLog {
 impl EventLog for SledLog {
     fn append(&self, request: AppendRequest) -> Result<AppendResult> {
         self.append_grouped(request)
+    }
+
+    fn submit(&self, request: AppendRequest) -> Submitted {
+        self.submit_grouped(request)
+    }
+
+    fn submits(&self) -> bool {
+        self.committer.get().is_some()
     }
 
     fn append_fenced(&self, request: AppendRequest, fence: &Fence) -> Result<AppendResult> {
