@@ -262,36 +262,65 @@ fn apply_command(manifest: Manifest, expected: Option<u64>, import: bool) -> Com
     command
 }
 
-/// The object as a write left it: at the write's own position, not whatever a concurrent later
-/// write made of it since (a client uses the reply's generation as its next expected
-/// generation). From the state the write left when the command path kept it, else read there.
-fn written_view(
-    projections: &Projections,
-    after: Option<&Arc<Snapshot>>,
+/// Where an applied object is: the object it names and the write that left it.
+struct Written<'a> {
+    object: &'a str,
     kind: Kind,
-    namespace: &str,
-    name: &str,
-    position: Position,
-) -> Result<Option<ObjectView>, vmplane_projections::Error> {
-    match after {
-        Some(after) => projections.render_written(after, kind, namespace, name),
-        None => projections.get_at(kind, namespace, name, At::Position(position)),
-    }
+    namespace: &'a str,
+    name: &'a str,
+    done: &'a Executed,
 }
 
-/// The answer to an applied manifest.
-fn applied(
-    object: &str,
-    view: Option<ObjectView>,
-    done: &Executed,
-) -> Result<Response<pb::ApplyResponse>, Status> {
-    let view =
-        view.ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
-    Ok(Response::new(pb::ApplyResponse {
-        object: Some(to_pb(view.into_json())),
-        outcome: done.outcome.as_str().to_string(),
-        position: done.position.0,
-    }))
+impl<'a> Written<'a> {
+    fn new(
+        object: &'a str,
+        kind: Kind,
+        namespace: &'a str,
+        name: &'a str,
+        done: &'a Executed,
+    ) -> Written<'a> {
+        Written {
+            object,
+            kind,
+            namespace,
+            name,
+            done,
+        }
+    }
+
+    /// The answer: the object as the write left it, at the write's own position, not whatever a
+    /// concurrent later write made of it since (a client uses the reply's generation as its
+    /// next expected generation). From the state the write left when the command path kept
+    /// it, else read there (which may read the log: a blocking thread's work).
+    fn answer(
+        &self,
+        projections: &Projections,
+        after: Option<&Arc<Snapshot>>,
+    ) -> Result<Response<pb::ApplyResponse>, Status> {
+        let view = match after {
+            Some(after) => projections.render_written(after, self.kind, self.namespace, self.name),
+            None => projections.get_at(
+                self.kind,
+                self.namespace,
+                self.name,
+                At::Position(self.done.position),
+            ),
+        }
+        .map_err(|e| from_projection(self.object, e))?;
+        self.respond(view)
+    }
+
+    /// The answer with `view` as the written object.
+    fn respond(&self, view: Option<ObjectView>) -> Result<Response<pb::ApplyResponse>, Status> {
+        let object = self.object;
+        let view =
+            view.ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
+        Ok(Response::new(pb::ApplyResponse {
+            object: Some(to_pb(view.into_json())),
+            outcome: self.done.outcome.as_str().to_string(),
+            position: self.done.position.0,
+        }))
+    }
 }
 
 #[tonic::async_trait]
@@ -348,23 +377,16 @@ impl pb::objects_server::Objects for Api {
                     let rendered = after
                         .as_ref()
                         .and_then(|after| projections.render_written_in_memory(after, kind));
+                    let written = Written::new(&object, kind, &namespace, &name, &done);
                     let response = match rendered {
-                        Some(view) => applied(&object, view, &done),
+                        Some(view) => written.respond(view),
                         None => {
                             let (object, namespace, name) =
                                 (object.clone(), namespace.clone(), name.clone());
                             let projections = projections.clone();
                             blocking(move || {
-                                let view = written_view(
-                                    &projections,
-                                    after.as_ref(),
-                                    kind,
-                                    &namespace,
-                                    &name,
-                                    done.position,
-                                )
-                                .map_err(|e| from_projection(&object, e))?;
-                                applied(&object, view, &done)
+                                let written = Written::new(&object, kind, &namespace, &name, &done);
+                                written.answer(&projections, after.as_ref())
                             })
                             .await
                         }
@@ -419,16 +441,8 @@ impl pb::objects_server::Objects for Api {
             let (done, after) = commands
                 .execute_with_state(&meta, command)
                 .map_err(|e| from_command(&object, e))?;
-            let view = written_view(
-                &projections,
-                after.as_ref(),
-                kind,
-                &namespace,
-                &name,
-                done.position,
-            )
-            .map_err(|e| from_projection(&object, e))?;
-            applied(&object, view, &done)
+            let written = Written::new(&object, kind, &namespace, &name, &done);
+            written.answer(&projections, after.as_ref())
         })
         .await;
         if response.is_ok() {

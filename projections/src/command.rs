@@ -15,8 +15,8 @@ use vmplane_core::{
     Ctx, Decision, Event, ObjectCommand, Outcome, Rejection, VmCommand, VmiCommand, object, vm, vmi,
 };
 use vmplane_store::{
-    AppendRequest, AppendResult, Appended, EventLog, ExpectedRevision, Position, ProposedEvent,
-    Submitted,
+    AppendRequest, AppendResult, EventLog, ExpectedRevision, Position, ProposedEvent, Submitted,
+    Timestamp,
 };
 
 use crate::cache::StateCache;
@@ -267,88 +267,45 @@ impl CommandHandler {
         meta: &CommandMeta,
         command: Command,
     ) -> Result<(Executed, Option<Arc<Snapshot>>), CommandError> {
-        if let Some(id) = meta.request_id
-            && let Some(done) = self
-                .recent
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .results
-                .get(&id)
-        {
-            return Ok((done.clone(), None));
+        if let Some(done) = self.remembered(meta) {
+            return Ok((done, None));
         }
         let stream = command.stream();
         let kind = command.kind();
-        let correlation_id = meta
-            .correlation_id
-            .or(meta.request_id)
-            .unwrap_or_else(Uuid::now_v7);
+        let correlation_id = correlation(meta);
         let mut attempts = 0;
         loop {
             attempts += 1;
             let (snapshot, revision) = self.load(&stream, kind)?;
             let command = self.resolve(&snapshot.state, &command)?;
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
-            if decision.events.is_empty() {
-                let done = Executed {
-                    outcome: decision.outcome,
-                    append: None,
-                    stream,
-                    revision: revision.unwrap_or(0),
-                    generation: snapshot.state.generation(),
-                    position: snapshot.position,
-                    attempts,
-                };
-                return Ok((done, None));
-            }
-            // The state this decision leads to, folded once: it gives the reply's generation
-            // and, once the append has placed the events, the state cache's next entry.
-            let mut after = Snapshot::clone(&snapshot);
-            for event in &decision.events {
-                after.state.evolve(event);
-            }
-            let generation_after = after.state.generation();
+            let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
+            {
+                Attempt::Unchanged(done) => return Ok((done, None)),
+                Attempt::Append(decision, after) => (decision, after),
+            };
             let request = to_request(&stream, revision, &decision, meta, correlation_id);
-            match self.log.append(request) {
-                Ok(append) => {
-                    let done = Executed {
-                        outcome: decision.outcome,
-                        append: Some(append),
-                        stream,
-                        revision: append.last_revision,
-                        generation: generation_after,
-                        position: append.last_position,
-                        attempts,
-                    };
-                    self.remember(meta.request_id, &done);
-                    let after = self.state_after(
-                        &done.stream,
-                        kind,
-                        &snapshot,
-                        after,
-                        &decision.events,
-                        &append,
-                    );
-                    return Ok((done, after));
-                }
-                Err(vmplane_store::Error::Conflict { .. })
-                    if attempts <= self.options.decide_retries_max => {}
-                Err(vmplane_store::Error::Conflict { .. }) => {
-                    return Err(CommandError::RetriesExhausted { stream, attempts });
-                }
-                Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
-                    let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(&key);
-                    return Err(Rejection::firmware_uuid_taken(uuid, &holder).into());
-                }
-                Err(vmplane_store::Error::EventIdReused { position, .. })
-                    if meta.request_id.is_some() =>
-                {
+            let appended = self.log.append(request);
+            let append = match self.appended(appended, &stream, attempts, meta)? {
+                AppendOutcome::Written(append) => append,
+                AppendOutcome::Retry => continue,
+                AppendOutcome::Replayed(position) => {
                     return self
                         .replayed(&stream, position, attempts)
                         .map(|d| (d, None));
                 }
-                Err(e) => return Err(e.into()),
-            }
+            };
+            let done = self.written(meta, &decision, &after, stream, append, attempts);
+            let after = self.state_after(
+                &done.stream,
+                kind,
+                &snapshot,
+                after,
+                &decision.events,
+                &append,
+                None,
+            );
+            return Ok((done, after));
         }
     }
 
@@ -366,22 +323,12 @@ impl CommandHandler {
         if !self.log.submits() {
             return Ok(AsyncExecuted::Blocking(command));
         }
-        if let Some(id) = meta.request_id
-            && let Some(done) = self
-                .recent
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .results
-                .get(&id)
-        {
-            return Ok(AsyncExecuted::Done(done.clone(), None));
+        if let Some(done) = self.remembered(meta) {
+            return Ok(AsyncExecuted::Done(done, None));
         }
         let stream = command.stream();
         let kind = command.kind();
-        let correlation_id = meta
-            .correlation_id
-            .or(meta.request_id)
-            .unwrap_or_else(Uuid::now_v7);
+        let correlation_id = correlation(meta);
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -399,67 +346,106 @@ impl CommandHandler {
                 return Ok(AsyncExecuted::Blocking(command));
             }
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
-            if decision.events.is_empty() {
-                let done = Executed {
-                    outcome: decision.outcome,
-                    append: None,
-                    stream,
-                    revision: revision.unwrap_or(0),
-                    generation: snapshot.state.generation(),
-                    position: snapshot.position,
-                    attempts,
-                };
-                return Ok(AsyncExecuted::Done(done, None));
-            }
-            let mut after = Snapshot::clone(&snapshot);
-            for event in &decision.events {
-                after.state.evolve(event);
-            }
-            let generation_after = after.state.generation();
+            let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
+            {
+                Attempt::Unchanged(done) => return Ok(AsyncExecuted::Done(done, None)),
+                Attempt::Append(decision, after) => (decision, after),
+            };
             let request = to_request(&stream, revision, &decision, meta, correlation_id);
             let pending = match self.log.submit(request) {
                 Submitted::Pending(pending) => pending,
                 Submitted::Unsupported(_) => return Ok(AsyncExecuted::Blocking(command)),
             };
-            match pending.await {
-                Ok(appended) => {
-                    let append = appended.result;
-                    let done = Executed {
-                        outcome: decision.outcome,
-                        append: Some(append),
-                        stream,
-                        revision: append.last_revision,
-                        generation: generation_after,
-                        position: append.last_position,
-                        attempts,
-                    };
-                    self.remember(meta.request_id, &done);
-                    let after = self.state_placed(
-                        &done.stream,
-                        kind,
-                        &snapshot,
-                        after,
-                        &decision,
-                        &appended,
-                    );
-                    return Ok(AsyncExecuted::Done(done, after));
-                }
-                Err(vmplane_store::Error::Conflict { .. })
-                    if attempts <= self.options.decide_retries_max => {}
-                Err(vmplane_store::Error::Conflict { .. }) => {
-                    return Err(CommandError::RetriesExhausted { stream, attempts });
-                }
-                Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
-                    let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(&key);
-                    return Err(Rejection::firmware_uuid_taken(uuid, &holder).into());
-                }
+            let report = pending.await;
+            let recorded_at = report.as_ref().ok().and_then(|r| r.recorded_at);
+            let append = match self.appended(report.map(|r| r.result), &stream, attempts, meta)? {
+                AppendOutcome::Written(append) => append,
+                AppendOutcome::Retry => continue,
                 // A retried request already in the log: reporting it reads the log.
-                Err(vmplane_store::Error::EventIdReused { .. }) if meta.request_id.is_some() => {
-                    return Ok(AsyncExecuted::Blocking(command));
-                }
-                Err(e) => return Err(e.into()),
-            }
+                AppendOutcome::Replayed(_) => return Ok(AsyncExecuted::Blocking(command)),
+            };
+            let done = self.written(meta, &decision, &after, stream, append, attempts);
+            // Placed from the report alone: no read of the log on this thread.
+            let after = recorded_at.and_then(|at| {
+                self.state_after(
+                    &done.stream,
+                    kind,
+                    &snapshot,
+                    after,
+                    &decision.events,
+                    &append,
+                    Some(at),
+                )
+            });
+            return Ok(AsyncExecuted::Done(done, after));
         }
+    }
+
+    /// The answer already given to `meta`'s request id, if it was carried out lately.
+    fn remembered(&self, meta: &CommandMeta) -> Option<Executed> {
+        let id = meta.request_id?;
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .results
+            .get(&id)
+            .cloned()
+    }
+
+    /// What an append of a decision came to: written, to be decided again (a concurrent write
+    /// moved the stream), already in the log (a retried request), or the rejection.
+    fn appended(
+        &self,
+        result: vmplane_store::Result<AppendResult>,
+        stream: &str,
+        attempts: u32,
+        meta: &CommandMeta,
+    ) -> Result<AppendOutcome, CommandError> {
+        match result {
+            Ok(append) => Ok(AppendOutcome::Written(append)),
+            Err(vmplane_store::Error::Conflict { .. })
+                if attempts <= self.options.decide_retries_max =>
+            {
+                Ok(AppendOutcome::Retry)
+            }
+            Err(vmplane_store::Error::Conflict { .. }) => Err(CommandError::RetriesExhausted {
+                stream: stream.to_owned(),
+                attempts,
+            }),
+            Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
+                let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(&key);
+                Err(Rejection::firmware_uuid_taken(uuid, &holder).into())
+            }
+            Err(vmplane_store::Error::EventIdReused { position, .. })
+                if meta.request_id.is_some() =>
+            {
+                Ok(AppendOutcome::Replayed(position))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The report of a written decision (remembered for its request id).
+    fn written(
+        &self,
+        meta: &CommandMeta,
+        decision: &Decision,
+        after: &Snapshot,
+        stream: String,
+        append: AppendResult,
+        attempts: u32,
+    ) -> Executed {
+        let done = Executed {
+            outcome: decision.outcome,
+            append: Some(append),
+            stream,
+            revision: append.last_revision,
+            generation: after.state.generation(),
+            position: append.last_position,
+            attempts,
+        };
+        self.remember(meta.request_id, &done);
+        done
     }
 
     /// Runs one step that the caller decides itself — a snapshot, restore or clone saga step
@@ -476,10 +462,7 @@ impl CommandHandler {
         kind: Kind,
         mut step: impl FnMut(&AggState, &mut Ctx) -> Result<(Decision, T), CommandError>,
     ) -> Result<(Executed, T), CommandError> {
-        let correlation_id = meta
-            .correlation_id
-            .or(meta.request_id)
-            .unwrap_or_else(Uuid::now_v7);
+        let correlation_id = correlation(meta);
         let meta = CommandMeta {
             request_id: None,
             ..meta.clone()
@@ -489,52 +472,25 @@ impl CommandHandler {
             attempts += 1;
             let (snapshot, revision) = self.load(stream, kind)?;
             let (decision, extra) = step(&snapshot.state, &mut fresh_ctx())?;
-            if decision.events.is_empty() {
-                let done = Executed {
-                    outcome: decision.outcome,
-                    append: None,
-                    stream: stream.to_owned(),
-                    revision: revision.unwrap_or(0),
-                    generation: snapshot.state.generation(),
-                    position: snapshot.position,
-                    attempts,
-                };
-                return Ok((done, extra));
-            }
-            let generation_after = {
-                let mut after = snapshot.state.clone();
-                for event in &decision.events {
-                    after.evolve(event);
-                }
-                after.generation()
+            let (decision, after) = match attempt(stream, &snapshot, revision, decision, attempts) {
+                Attempt::Unchanged(done) => return Ok((done, extra)),
+                Attempt::Append(decision, after) => (decision, after),
             };
             let request = to_request(stream, revision, &decision, &meta, correlation_id);
-            match self.log.append(request) {
-                Ok(append) => {
-                    let done = Executed {
-                        outcome: decision.outcome,
-                        append: Some(append),
-                        stream: stream.to_owned(),
-                        revision: append.last_revision,
-                        generation: generation_after,
-                        position: append.last_position,
-                        attempts,
-                    };
+            let appended = self.log.append(request);
+            match self.appended(appended, stream, attempts, &meta)? {
+                AppendOutcome::Written(append) => {
+                    let stream = stream.to_owned();
+                    let done = self.written(&meta, &decision, &after, stream, append, attempts);
                     return Ok((done, extra));
                 }
-                Err(vmplane_store::Error::Conflict { .. })
-                    if attempts <= self.options.decide_retries_max => {}
-                Err(vmplane_store::Error::Conflict { .. }) => {
-                    return Err(CommandError::RetriesExhausted {
-                        stream: stream.to_owned(),
-                        attempts,
-                    });
+                AppendOutcome::Retry => {}
+                // Not without a request id (see above); were it, the events are in the log.
+                AppendOutcome::Replayed(position) => {
+                    return self
+                        .replayed(stream, position, attempts)
+                        .map(|done| (done, extra));
                 }
-                Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
-                    let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(&key);
-                    return Err(Rejection::firmware_uuid_taken(uuid, &holder).into());
-                }
-                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -602,10 +558,13 @@ impl CommandHandler {
     }
 
     /// `after` (`before` with the decided `events` folded in) placed where `append` wrote
-    /// them: the position and times are read back from the log (a zero-copy scan of the
-    /// appended positions; nothing is decoded or folded again). Cached for the next command on
-    /// the stream. `None` if the append did not follow `before` directly, the log holds other
-    /// events there or the read fails (the caller falls back to an ordinary read).
+    /// them, and cached for the next command on the stream. The time recorded with them is
+    /// `recorded_at` when the log reported it (a submitted append: one commit, one time), else
+    /// read back from the log (a zero-copy scan of the appended positions, which also checks
+    /// they hold this stream's events; nothing is decoded or folded again). `None` if the
+    /// append did not follow `before` directly, the log holds other events there or the read
+    /// fails (the caller falls back to an ordinary read).
+    #[allow(clippy::too_many_arguments)]
     fn state_after(
         &self,
         stream: &str,
@@ -614,6 +573,7 @@ impl CommandHandler {
         mut after: Snapshot,
         events: &[Event],
         append: &AppendResult,
+        recorded_at: Option<Timestamp>,
     ) -> Option<Arc<Snapshot>> {
         if append.replayed || append.first_revision != before.state.revision() + 1 {
             return None;
@@ -626,39 +586,21 @@ impl CommandHandler {
         if events.len() as u64 != count {
             return None;
         }
-        // Where and when the log placed each event: the fold itself was done from the very
-        // events appended, so nothing is decoded again.
-        let mut placed: Vec<(u64, i64)> = Vec::with_capacity(events.len());
-        let mut foreign = false;
-        self.log
-            .scan(Position(append.first_position.0 - 1), &mut |event| {
-                if event.stream != stream {
-                    foreign = true;
-                    return ControlFlow::Break(());
-                }
-                placed.push((event.revision, event.recorded_at.0));
-                if event.position >= append.last_position {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            })
-            .ok()?;
-        let revisions_match = placed
-            .iter()
-            .zip(append.first_revision..)
-            .all(|((revision, _), expected)| *revision == expected);
-        if foreign || placed.len() != events.len() || !revisions_match {
+        let times = match recorded_at {
+            Some(at) => vec![at.0; events.len()],
+            None => self.recorded_times(stream, append)?,
+        };
+        if times.len() != events.len() {
             return None;
         }
-        for (event, (_, recorded_at)) in events.iter().zip(&placed) {
+        for (event, recorded_at) in events.iter().zip(times) {
             if matches!(
                 event,
                 Event::VmCreated(_) | Event::VmiCreated(_) | Event::ObjectCreated(_)
             ) {
-                after.created_at_ns = Some(*recorded_at);
+                after.created_at_ns = Some(recorded_at);
             }
-            after.recorded_at_ns = *recorded_at;
+            after.recorded_at_ns = recorded_at;
         }
         after.position = append.last_position;
         let after = Arc::new(after);
@@ -666,44 +608,28 @@ impl CommandHandler {
         Some(after)
     }
 
-    /// [`CommandHandler::state_after`] from what a submitted append reports (its positions and
-    /// the time recorded with its events): nothing is read back. `None` when the report does
-    /// not place the decided events right after `before`.
-    fn state_placed(
-        &self,
-        stream: &str,
-        kind: Kind,
-        before: &Snapshot,
-        mut after: Snapshot,
-        decision: &Decision,
-        appended: &Appended,
-    ) -> Option<Arc<Snapshot>> {
-        let append = &appended.result;
-        if append.replayed || append.first_revision != before.state.revision() + 1 {
-            return None;
-        }
-        let count = append
-            .last_position
-            .0
-            .checked_sub(append.first_position.0)?
-            + 1;
-        if decision.events.len() as u64 != count {
-            return None;
-        }
-        let recorded_at = appended.recorded_at?.0;
-        if decision.events.iter().any(|event| {
-            matches!(
-                event,
-                Event::VmCreated(_) | Event::VmiCreated(_) | Event::ObjectCreated(_)
-            )
-        }) {
-            after.created_at_ns = Some(recorded_at);
-        }
-        after.recorded_at_ns = recorded_at;
-        after.position = append.last_position;
-        let after = Arc::new(after);
-        self.cache.put(stream, kind, Arc::clone(&after));
-        Some(after)
+    /// When the log recorded each event `append` wrote, read back; `None` if the positions do
+    /// not hold `stream`'s revisions in order or the read fails.
+    fn recorded_times(&self, stream: &str, append: &AppendResult) -> Option<Vec<i64>> {
+        let mut placed: Vec<i64> = Vec::new();
+        let mut expected = append.first_revision;
+        let mut foreign = false;
+        self.log
+            .scan(Position(append.first_position.0 - 1), &mut |event| {
+                if event.stream != stream || event.revision != expected {
+                    foreign = true;
+                    return ControlFlow::Break(());
+                }
+                expected += 1;
+                placed.push(event.recorded_at.0);
+                if event.position >= append.last_position {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .ok()?;
+        (!foreign).then_some(placed)
     }
 
     /// A retried request whose events are already in the log (found through the store's
@@ -824,6 +750,57 @@ impl CommandHandler {
             _ => None,
         })
     }
+}
+
+/// What one attempt's decision asks for.
+enum Attempt {
+    /// Nothing to append (an unchanged object): the report.
+    Unchanged(Executed),
+    /// The decision to append, and the state it leads to (`before` with its events folded in:
+    /// the reply's generation, and the state cache's next entry once the log has placed it).
+    Append(Decision, Snapshot),
+}
+
+/// What `decision`, made on `snapshot` (the stream at `revision`), asks for.
+fn attempt(
+    stream: &str,
+    snapshot: &Snapshot,
+    revision: Option<u64>,
+    decision: Decision,
+    attempts: u32,
+) -> Attempt {
+    if decision.events.is_empty() {
+        return Attempt::Unchanged(Executed {
+            outcome: decision.outcome,
+            append: None,
+            stream: stream.to_owned(),
+            revision: revision.unwrap_or(0),
+            generation: snapshot.state.generation(),
+            position: snapshot.position,
+            attempts,
+        });
+    }
+    let mut after = Snapshot::clone(snapshot);
+    for event in &decision.events {
+        after.state.evolve(event);
+    }
+    Attempt::Append(decision, after)
+}
+
+/// What an append of a decision came to (see [`CommandHandler::appended`]).
+enum AppendOutcome {
+    Written(AppendResult),
+    /// A concurrent write moved the stream: decide again.
+    Retry,
+    /// A retried request whose events are already in the log, at this position.
+    Replayed(Position),
+}
+
+/// The correlation id of a command's events: the caller's, else its request id, else new.
+fn correlation(meta: &CommandMeta) -> Uuid {
+    meta.correlation_id
+        .or(meta.request_id)
+        .unwrap_or_else(Uuid::now_v7)
 }
 
 /// Whether [`CommandHandler::resolve`] would read the log for `command`: a VM put that

@@ -4,24 +4,72 @@
 
 mod common;
 
-use common::{env, meta, put, testdata, vm};
+use std::sync::Arc;
+
+use common::{env, env_submitting, meta, put, testdata, vm};
 use vmplane_core::types::{Kind, parse_manifest};
 use vmplane_core::{Outcome, VmCommand};
-use vmplane_projections::{At, Command, Projections};
+use vmplane_projections::{AsyncExecuted, At, Command, Executed, Projections, Snapshot};
 
-/// Runs `command` through `execute_with_state` and checks the returned state, rendered, against
-/// an ordinary read at the write's position (folded from the log through the stream index).
-fn write_and_compare(env: &common::Env, kind: Kind, ns: &str, name: &str, command: Command) {
+/// How a test's commands are carried out.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    /// `execute_with_state`, on this thread.
+    Blocking,
+    /// `execute_async` (the gateway's `apply`), falling back to `execute_with_state` where it
+    /// hands the command back, as the gateway does.
+    Submitted,
+}
+
+/// Runs `command` along `path`; says whether the async path carried it out itself.
+fn execute(
+    env: &common::Env,
+    path: Path,
+    command: Command,
+) -> (Executed, Option<Arc<Snapshot>>, bool) {
+    if path == Path::Submitted {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        match runtime
+            .block_on(env.commands.execute_async(&meta("alice"), command))
+            .expect("command")
+        {
+            AsyncExecuted::Done(done, after) => return (done, after, true),
+            AsyncExecuted::Blocking(back) => {
+                let (done, after) = env
+                    .commands
+                    .execute_with_state(&meta("alice"), back)
+                    .expect("command");
+                return (done, after, false);
+            }
+        }
+    }
     let (done, after) = env
         .commands
         .execute_with_state(&meta("alice"), command)
         .expect("command");
+    (done, after, false)
+}
+
+/// Runs `command` along `path` and checks the returned state, rendered, against an ordinary
+/// read at the write's position (folded from the log through the stream index). Returns
+/// whether the async path carried it out itself.
+fn write_and_compare(
+    env: &common::Env,
+    path: Path,
+    kind: Kind,
+    ns: &str,
+    name: &str,
+    command: Command,
+) -> bool {
+    let (done, after, async_done) = execute(env, path, command);
     let Some(after) = after else {
         assert!(
             done.append.is_none(),
             "an append that wrote events hands back its state"
         );
-        return;
+        return async_done;
     };
     assert_eq!(after.position, done.position);
     assert_eq!(after.state.revision(), done.revision);
@@ -44,14 +92,42 @@ fn write_and_compare(env: &common::Env, kind: Kind, ns: &str, name: &str, comman
     assert_eq!(
         written.as_ref().map(|v| &v.object),
         read.as_ref().map(|v| &v.object),
-        "{kind:?} {ns}/{name} at {}",
+        "{kind:?} {ns}/{name} at {} ({path:?})",
         done.position
     );
+    // The answer rendered from memory alone (the gateway's async answer), where it can be, is
+    // the same object.
+    if let Some(in_memory) = env.projections.render_written_in_memory(&after, kind) {
+        assert_eq!(
+            in_memory.as_ref().map(|v| &v.object),
+            read.as_ref().map(|v| &v.object),
+            "{kind:?} {ns}/{name} at {}, rendered from memory",
+            done.position
+        );
+    }
+    async_done
 }
 
 #[test]
 fn the_state_a_write_hands_back_renders_as_a_read_at_its_position() {
-    let env = env();
+    writes_render_as_reads_at_their_positions(&env(), Path::Blocking);
+}
+
+#[test]
+fn the_state_a_submitted_write_hands_back_renders_as_a_read_at_its_position() {
+    let carried = writes_render_as_reads_at_their_positions(&env_submitting(), Path::Submitted);
+    // Creates of new streams and edits of cached states need no read of the log: the async
+    // path carries them out itself (the others come back to the blocking path, as checked).
+    assert!(carried >= 6, "the async path carried out {carried} writes");
+}
+
+/// A sequence of writes along `path`, each compared with a read at its position; returns how
+/// many the async path carried out itself.
+fn writes_render_as_reads_at_their_positions(env: &common::Env, path: Path) -> usize {
+    let mut carried = 0;
+    let mut write = |kind, ns: &str, name: &str, command| {
+        carried += usize::from(write_and_compare(env, path, kind, ns, name, command));
+    };
     let vm_cmd = |name: &str, command: VmCommand| Command::Vm {
         namespace: "team-a".into(),
         name: name.into(),
@@ -60,22 +136,19 @@ fn the_state_a_write_hands_back_renders_as_a_read_at_its_position() {
     for i in 0..3 {
         let name = format!("vm-{i}");
         let created = vm("team-a", &name, "128Mi");
-        write_and_compare(
-            &env,
+        write(
             Kind::VirtualMachine,
             "team-a",
             &name,
             vm_cmd(&name, VmCommand::Apply(put(created))),
         );
-        write_and_compare(
-            &env,
+        write(
             Kind::VirtualMachine,
             "team-a",
             &name,
             vm_cmd(&name, VmCommand::Apply(put(vm("team-a", &name, "256Mi")))),
         );
-        write_and_compare(
-            &env,
+        write(
             Kind::VirtualMachine,
             "team-a",
             &name,
@@ -88,33 +161,28 @@ fn the_state_a_write_hands_back_renders_as_a_read_at_its_position() {
     )
     .expect("kubevirt manifest");
     env.run("admin", Command::apply(kubevirt));
-    write_and_compare(
-        &env,
+    write(
         Kind::VirtualMachine,
         "team-a",
         "vm-0",
         vm_cmd("vm-0", VmCommand::Apply(put(vm("team-a", "vm-0", "512Mi")))),
     );
     // An unchanged apply appends nothing and hands back no state.
-    let (unchanged, none) = env
-        .commands
-        .execute_with_state(
-            &meta("alice"),
-            vm_cmd("vm-1", VmCommand::Apply(put(vm("team-a", "vm-1", "256Mi")))),
-        )
-        .expect("apply");
+    let (unchanged, none, _) = execute(
+        env,
+        path,
+        vm_cmd("vm-1", VmCommand::Apply(put(vm("team-a", "vm-1", "256Mi")))),
+    );
     assert_eq!(unchanged.outcome, Outcome::Unchanged);
     assert!(none.is_none());
     // A real KubeVirt manifest, then a delete.
-    write_and_compare(
-        &env,
+    write(
         Kind::VirtualMachine,
         "default",
         "vm-cirros",
         Command::apply(testdata("examples/vm-cirros.yaml")),
     );
-    write_and_compare(
-        &env,
+    write(
         Kind::VirtualMachine,
         "team-a",
         "vm-2",
@@ -125,6 +193,7 @@ fn the_state_a_write_hands_back_renders_as_a_read_at_its_position() {
             },
         ),
     );
+    carried
 }
 
 #[test]

@@ -26,8 +26,23 @@ pub fn options() -> ProjectionOptions {
 }
 
 pub fn env() -> Env {
+    env_over(|log| log)
+}
+
+/// [`env`] over a log whose committer thread runs, so it takes submitted appends
+/// (`EventLog::submit`) as the server's does.
+pub fn env_submitting() -> Env {
+    env_over(|log| {
+        log.start_committer().expect("start the committer");
+        log
+    })
+}
+
+fn env_over(prepare: impl FnOnce(Arc<SledLog>) -> Arc<SledLog>) -> Env {
     let dir = tempfile::tempdir().expect("temp dir");
-    let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("log")).expect("open log"));
+    let log: Arc<dyn EventLog> = prepare(Arc::new(
+        SledLog::open(dir.path().join("log")).expect("open log"),
+    ));
     let projections = Projections::open(Arc::clone(&log), dir.path(), options()).expect("open");
     let commands = CommandHandler::new(
         Arc::clone(&log),
