@@ -226,40 +226,6 @@ impl Entry {
     }
 }
 
-/// `a == b`, compared inline 8 bytes at a time: the fold compares one stream name (some
-/// 20-40 bytes) per event, and a call to the C library's `bcmp` costs more than that compare.
-#[inline]
-fn same_name(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    let word = |c: &[u8]| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8]));
-    let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail = wa
-        .remainder()
-        .iter()
-        .zip(wb.remainder())
-        .fold(0u8, |d, (x, y)| d | (x ^ y));
-    wa.zip(wb)
-        .fold(u64::from(tail), |d, (x, y)| d | (word(x) ^ word(y)))
-        == 0
-}
-
-#[cold]
-#[inline(never)]
-fn revision_gap(event: &RecordedEventRef<'_>, revision: u64) -> Error {
-    Error::Corrupt {
-        position: event.position,
-        reason: format!(
-            "stream {} revision {} where {} was expected",
-            event.stream,
-            event.revision,
-            revision + 1
-        ),
-    }
-}
-
 fn kind_index(kind: Kind) -> u8 {
     Kind::ALL
         .iter()
@@ -321,21 +287,14 @@ impl NameKey {
         self.text.get(self.name.clone()).unwrap_or_default()
     }
 
-    /// `(kind, namespace, name)` as bytes, which order as the strings do, without `str`'s
-    /// char-boundary checks (sorting a fresh model's names compares keys ~14 times each).
-    fn byte_parts(&self) -> (u8, &[u8], &[u8]) {
-        let text = self.text.as_bytes();
-        (
-            self.kind,
-            text.get(self.namespace.clone()).unwrap_or_default(),
-            text.get(self.name.clone()).unwrap_or_default(),
-        )
+    fn parts(&self) -> (u8, &str, &str) {
+        (self.kind, self.namespace(), self.name())
     }
 }
 
 impl PartialEq for NameKey {
     fn eq(&self, other: &NameKey) -> bool {
-        self.byte_parts() == other.byte_parts()
+        self.parts() == other.parts()
     }
 }
 
@@ -349,7 +308,7 @@ impl PartialOrd for NameKey {
 
 impl Ord for NameKey {
     fn cmp(&self, other: &NameKey) -> std::cmp::Ordering {
-        self.byte_parts().cmp(&other.byte_parts())
+        self.parts().cmp(&other.parts())
     }
 }
 
@@ -460,147 +419,113 @@ impl ReadModel {
 
     /// Folds one event of the log: the next position, always (streams vmplane does not know
     /// are counted and otherwise skipped).
-    ///
-    /// Kept small on purpose: most events of a long log only move their stream's revision
-    /// (the same stream as the event before, a type the read model does not index), and that
-    /// path is what a rebuild pays per event. New streams, errors and the event types that
-    /// touch an index are handled out of line.
-    #[inline]
     pub fn apply(&mut self, event: &RecordedEventRef<'_>) -> Result<()> {
-        let position = event.position.0;
-        if position != self.data.applied + 1 {
-            return Err(self.out_of_order(event));
+        if event.position.0 != self.data.applied + 1 {
+            return Err(Error::Corrupt {
+                position: event.position,
+                reason: format!(
+                    "the projection is at position {}, the log gave {}",
+                    self.data.applied, event.position
+                ),
+            });
         }
-        self.data.applied = position;
+        self.data.applied = event.position.0;
         self.applied_hash = None;
-        let idx = match self.last {
-            Some(i)
-                if self
-                    .data
-                    .entries
-                    .get(i as usize)
-                    .is_some_and(|e| same_name(&e.stream, event.stream)) =>
-            {
-                i
+        let last = self.last.filter(|i| {
+            self.data.entries.get(*i as usize).map(|e| &*e.stream) == Some(event.stream)
+        });
+        let idx = match last.or_else(|| self.by_stream.get(event.stream).copied()) {
+            Some(idx) => idx,
+            None => {
+                let Some(parsed) = parse_stream(event.stream) else {
+                    return Ok(());
+                };
+                let idx = u32::try_from(self.data.entries.len()).map_err(|_| Error::Invalid {
+                    reason: "too many streams".into(),
+                })?;
+                let stream: Arc<str> = Arc::from(event.stream);
+                let key =
+                    NameKey::of_stream(kind_index(parsed.kind), &stream).ok_or_else(|| {
+                        Error::Corrupt {
+                            position: event.position,
+                            reason: format!("stream name {} cannot be indexed", event.stream),
+                        }
+                    })?;
+                self.pending_names.push((key, idx));
+                self.by_stream.insert(Arc::clone(&stream), idx);
+                let entry = Entry::new(stream, parsed.kind);
+                self.data.entries.push(entry);
+                idx
             }
-            _ => match self.stream_index(event)? {
-                Some(idx) => idx,
-                None => return Ok(()),
-            },
         };
         self.last = Some(idx);
         let entry = &mut self.data.entries[idx as usize];
         if event.revision != entry.revision() + 1 {
-            return Err(revision_gap(event, entry.revision()));
+            return Err(Error::Corrupt {
+                position: event.position,
+                reason: format!(
+                    "stream {} revision {} where {} was expected",
+                    event.stream,
+                    event.revision,
+                    entry.revision() + 1
+                ),
+            });
         }
-        entry.push(position);
+        entry.push(event.position.0);
         match event.event_type {
-            "VmCreated" | "VmiCreated" | "ObjectCreated" => self.apply_created(idx, event),
-            "VmDeleted" | "VmiDeleted" | "ObjectDeleted" => {
-                self.apply_deleted(idx);
-                Ok(())
+            "VmCreated" | "VmiCreated" | "ObjectCreated" => {
+                // Read in place: the fold needs the identity, not the manifest.
+                let created = vmplane_core::event::decode_created(
+                    event.event_type,
+                    event.schema_version,
+                    event.payload,
+                )
+                .map_err(|e| Error::Corrupt {
+                    position: event.position,
+                    reason: e.to_string(),
+                })?;
+                let Some(created) = created else {
+                    // An unknown version: decoded as every event is, to say why it is refused.
+                    decode(event)?;
+                    return Ok(());
+                };
+                let (uid, firmware, name) = (created.uid, created.firmware_uuid, created.name);
+                entry.live = true;
+                entry.uid = Some(uid);
+                let old_firmware = std::mem::replace(&mut entry.firmware, firmware);
+                let kind = entry.kind;
+                if kind_index(Kind::KubeVirt) == kind
+                    && let Some(name) = name
+                    && name != entry.name()
+                {
+                    let old = entry.name().to_owned();
+                    entry.rename(name.clone());
+                    self.flush_names();
+                    self.by_name.remove(&NameKey::new(kind, "", &old));
+                    self.by_name.insert(NameKey::new(kind, "", &name), idx);
+                }
+                self.replace_firmware(idx, old_firmware, firmware);
+                self.mark_dirty(idx);
             }
-            "FirmwareUuidAssigned" => self.apply_firmware(idx, event),
+            "VmDeleted" | "VmiDeleted" | "ObjectDeleted" => {
+                entry.live = false;
+                let old_firmware = entry.firmware;
+                self.replace_firmware(idx, old_firmware, old_firmware);
+                let derived = std::mem::take(&mut self.data.entries[idx as usize].derived);
+                self.index_derived(idx, &derived, false);
+                self.data.entries[idx as usize].dirty = false;
+                self.dirty.remove(&idx);
+            }
+            "FirmwareUuidAssigned" => {
+                if let Event::FirmwareUuidAssigned(e) = decode(event)? {
+                    let old = entry.firmware.replace(e.uuid);
+                    self.replace_firmware(idx, old, Some(e.uuid));
+                }
+            }
             "VmSpecEdited" | "InstancetypeRevisionCaptured" | "PreferenceRevisionCaptured" => {
                 self.mark_dirty(idx);
-                Ok(())
             }
-            _ => Ok(()),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn out_of_order(&self, event: &RecordedEventRef<'_>) -> Error {
-        Error::Corrupt {
-            position: event.position,
-            reason: format!(
-                "the projection is at position {}, the log gave {}",
-                self.data.applied, event.position
-            ),
-        }
-    }
-
-    /// The entry of `event`'s stream, made if the stream is new; `None` for a stream vmplane
-    /// does not know.
-    #[inline(never)]
-    fn stream_index(&mut self, event: &RecordedEventRef<'_>) -> Result<Option<u32>> {
-        if let Some(idx) = self.by_stream.get(event.stream) {
-            return Ok(Some(*idx));
-        }
-        let Some(parsed) = parse_stream(event.stream) else {
-            return Ok(None);
-        };
-        let idx = u32::try_from(self.data.entries.len()).map_err(|_| Error::Invalid {
-            reason: "too many streams".into(),
-        })?;
-        let stream: Arc<str> = Arc::from(event.stream);
-        let key =
-            NameKey::of_stream(kind_index(parsed.kind), &stream).ok_or_else(|| Error::Corrupt {
-                position: event.position,
-                reason: format!("stream name {} cannot be indexed", event.stream),
-            })?;
-        self.pending_names.push((key, idx));
-        self.by_stream.insert(Arc::clone(&stream), idx);
-        self.data.entries.push(Entry::new(stream, parsed.kind));
-        Ok(Some(idx))
-    }
-
-    #[inline(never)]
-    fn apply_created(&mut self, idx: u32, event: &RecordedEventRef<'_>) -> Result<()> {
-        // Read in place: the fold needs the identity, not the manifest.
-        let created = vmplane_core::event::decode_created(
-            event.event_type,
-            event.schema_version,
-            event.payload,
-        )
-        .map_err(|e| Error::Corrupt {
-            position: event.position,
-            reason: e.to_string(),
-        })?;
-        let Some(created) = created else {
-            // An unknown version: decoded as every event is, to say why it is refused.
-            decode(event)?;
-            return Ok(());
-        };
-        let (uid, firmware, name) = (created.uid, created.firmware_uuid, created.name);
-        let entry = &mut self.data.entries[idx as usize];
-        entry.live = true;
-        entry.uid = Some(uid);
-        let old_firmware = std::mem::replace(&mut entry.firmware, firmware);
-        let kind = entry.kind;
-        if kind_index(Kind::KubeVirt) == kind
-            && let Some(name) = name
-            && name != entry.name()
-        {
-            let old = entry.name().to_owned();
-            entry.rename(name.clone());
-            self.flush_names();
-            self.by_name.remove(&NameKey::new(kind, "", &old));
-            self.by_name.insert(NameKey::new(kind, "", &name), idx);
-        }
-        self.replace_firmware(idx, old_firmware, firmware);
-        self.mark_dirty(idx);
-        Ok(())
-    }
-
-    #[inline(never)]
-    fn apply_deleted(&mut self, idx: u32) {
-        let entry = &mut self.data.entries[idx as usize];
-        entry.live = false;
-        let old_firmware = entry.firmware;
-        self.replace_firmware(idx, old_firmware, old_firmware);
-        let derived = std::mem::take(&mut self.data.entries[idx as usize].derived);
-        self.index_derived(idx, &derived, false);
-        self.data.entries[idx as usize].dirty = false;
-        self.dirty.remove(&idx);
-    }
-
-    #[inline(never)]
-    fn apply_firmware(&mut self, idx: u32, event: &RecordedEventRef<'_>) -> Result<()> {
-        if let Event::FirmwareUuidAssigned(e) = decode(event)? {
-            let old = self.data.entries[idx as usize].firmware.replace(e.uuid);
-            self.replace_firmware(idx, old, Some(e.uuid));
+            _ => {}
         }
         Ok(())
     }
@@ -857,7 +782,7 @@ mod tests {
             let kind = kind_index(parsed.kind);
             let key = NameKey::of_stream(kind, &Arc::from(stream)).expect("key");
             let tuple = (kind, parsed.namespace.unwrap_or(""), parsed.name);
-            assert_eq!((key.kind, key.namespace(), key.name()), tuple, "{stream}");
+            assert_eq!(key.parts(), tuple, "{stream}");
             assert_eq!(key, NameKey::new(tuple.0, tuple.1, tuple.2));
             keys.push((key, tuple));
         }
@@ -884,26 +809,6 @@ mod tests {
         assert_eq!(e.revision_at(Position(9)), 0);
         assert_eq!(e.revision_at(Position(300)), 100);
         assert_eq!(e.revision_at(Position(10_000)), 101);
-    }
-
-    proptest! {
-        /// The fold's inline name compare says what `==` says, whatever the lengths.
-        #[test]
-        fn same_name_agrees_with_string_equality(
-            a in "[a-z/.-]{0,40}",
-            b in "[a-z/.-]{0,40}",
-            flip in 0usize..40,
-        ) {
-            prop_assert_eq!(same_name(&a, &b), a == b);
-            prop_assert!(same_name(&a, &a.clone()));
-            // Equal but for one byte, anywhere (in a whole word or in the tail).
-            if flip < a.len() {
-                let mut c = a.clone().into_bytes();
-                c[flip] = if c[flip] == b'x' { b'y' } else { b'x' };
-                let c = String::from_utf8(c).expect("ascii");
-                prop_assert!(!same_name(&a, &c));
-            }
-        }
     }
 
     proptest! {
