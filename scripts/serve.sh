@@ -8,4 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo build --release --locked -p vmplane-gateway --bin vmplane
-exec ./target/release/vmplane serve "$@"
+# Where cargo put it: its own target directory unless CARGO_TARGET_DIR says otherwise.
+exec "${CARGO_TARGET_DIR:-target}/release/vmplane" serve "$@"
