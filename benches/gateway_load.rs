@@ -15,6 +15,10 @@
 //! clients against the same server (its transport and layers, no domain work), its rate, p99
 //! and processor time per request, and creates as a ratio of it.
 
+/// The `vmplane` binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

@@ -22,6 +22,8 @@ pkgs=(
   "protobuf-compiler:/usr/bin/protoc"
   "libprotobuf-dev:/usr/include/google/protobuf/descriptor.proto"
   "pkg-config:/usr/bin/pkg-config"
+  # a C compiler: the linker, and mimalloc (the binary's allocator) is C
+  "gcc:/usr/bin/cc"
   "libvirt-dev:/usr/lib/x86_64-linux-gnu/pkgconfig/libvirt.pc"
   "libvirt-clients:/usr/bin/virsh"
 )

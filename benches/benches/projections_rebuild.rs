@@ -8,6 +8,10 @@
 //! The log is filled directly with core-encoded events (VmCreated with a real manifest, then
 //! VMI lifecycle observations), as the command path would write them.
 
+/// The `vmplane` binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 use std::ops::ControlFlow;
 use std::sync::Arc;

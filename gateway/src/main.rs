@@ -2,6 +2,12 @@
 
 use std::process::ExitCode;
 
+/// mimalloc rather than the system allocator: measured in the same runs, creates over gRPC at
+/// 64 clients 1.17x/s at 0.86x the processor time per request, and the command path filling
+/// 100,000 VMs 1.44x faster (README, "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{CommandFactory, Parser};
 use vmplane_gateway::cli::{Cli, Command};
 use vmplane_gateway::client::{self, Clients, Verb};

@@ -20,6 +20,10 @@
 //! rendered objects, held only while it is built) and reports the memory with that list held
 //! and after it is dropped.
 
+/// The `vmplane` binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
