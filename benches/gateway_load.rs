@@ -15,10 +15,6 @@
 //! clients against the same server (its transport and layers, no domain work), its rate, p99
 //! and processor time per request, and creates as a ratio of it.
 
-/// The `vmplane` binary's allocator, so the figures are the binary's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -29,6 +25,10 @@ use tonic_health::pb::health_client::HealthClient;
 use vmplane_gateway::cli::{Backend, ServeArgs};
 use vmplane_gateway::pb;
 use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, ProposedEvent, SledLog};
+
+/// The `vmplane` binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Channels the clients share (HTTP/2 multiplexes the rest).
 const CHANNELS: usize = 4;

@@ -8,10 +8,6 @@
 //! The log is filled directly with core-encoded events (VmCreated with a real manifest, then
 //! VMI lifecycle observations), as the command path would write them.
 
-/// The `vmplane` binary's allocator, so the figures are the binary's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::hint::black_box;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -25,6 +21,10 @@ use vmplane_core::types::Kind;
 use vmplane_core::{Event, encode};
 use vmplane_projections::{At, ProjectionOptions, Projections};
 use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, Position, ProposedEvent, SledLog};
+
+/// The `vmplane` binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const EVENTS: u64 = 1_000_000;
 /// `VMPLANE_BENCH_QUICK=1`: a fifth of the events and shorter measurements (the same shapes,

@@ -20,10 +20,6 @@
 //! rendered objects, held only while it is built) and reports the memory with that list held
 //! and after it is dropped.
 
-/// The `vmplane` binary's allocator, so the figures are the binary's.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +28,10 @@ use std::time::Instant;
 use vmplane_core::types::{Kind, parse_manifest};
 use vmplane_projections::{Command, CommandHandler, CommandMeta, ProjectionOptions, Projections};
 use vmplane_store::{EventLog, SledLog};
+
+/// The `vmplane` binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const WRITERS: u64 = 16;
 
