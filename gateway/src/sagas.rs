@@ -60,7 +60,11 @@ struct Pending {
     /// Parked sagas: `Some(at_ms)` for `RetryAt`, `None` for `WaitForChange` (or a failed
     /// drive, retried at the next resync).
     parked: BTreeMap<SagaKey, Option<i64>>,
+    /// A write since the driver last re-drove the parked sagas.
     poked: bool,
+    /// Writes so far (pokes): a saga that parks after a write it may not have seen is
+    /// re-driven at once, not at the next resync.
+    pokes: u64,
 }
 
 /// The saga runner shared by the API and the driver thread.
@@ -129,12 +133,18 @@ impl Sagas {
         })
     }
 
-    /// Something was written: sagas waiting for a change are re-driven.
+    /// Something was written: sagas waiting for a change are re-driven. With none parked there
+    /// is nothing to re-drive (a poke only re-drives parked sagas; a new saga is driven by its
+    /// `start` and parks itself if it must wait), so the driver is not woken: every write of a
+    /// busy server pokes.
     pub fn poke(&self) {
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .poked = true;
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.pokes = pending.pokes.wrapping_add(1);
+        if pending.parked.is_empty() {
+            return;
+        }
+        pending.poked = true;
+        drop(pending);
         self.wake.notify_all();
     }
 
@@ -182,6 +192,11 @@ impl Sagas {
             request_id: None,
             ..meta.clone()
         };
+        let pokes_before = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pokes;
         let result = self.run(&meta, key, manifest);
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         match &result {
@@ -203,6 +218,10 @@ impl Sagas {
             Err(_) => {
                 pending.parked.insert(key.clone(), None);
             }
+        }
+        if pending.parked.contains_key(key) && pending.pokes != pokes_before {
+            // Something was written while this step ran: what it waits for may have happened.
+            pending.poked = true;
         }
         drop(pending);
         self.wake.notify_all();
@@ -621,5 +640,43 @@ pub fn generic(manifest: Manifest) -> Option<GenericObject> {
     match manifest {
         Manifest::Object(_, g) => Some(*g),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vmplane_projections::CommandOptions;
+    use vmplane_store::{EventLog, SledLog};
+
+    use super::*;
+
+    fn sagas(dir: &std::path::Path) -> Arc<Sagas> {
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.join("log")).expect("open log"));
+        let projections =
+            Projections::open(log.clone(), dir, Default::default()).expect("open projections");
+        let commands = Arc::new(CommandHandler::new(
+            log,
+            projections.cache().clone(),
+            CommandOptions::default(),
+        ));
+        Sagas::new(commands, Arc::new(projections))
+    }
+
+    #[test]
+    fn a_write_with_no_saga_parked_wakes_nothing_and_one_with_a_parked_saga_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sagas = sagas(dir.path());
+        sagas.poke();
+        {
+            let pending = sagas.pending.lock().expect("lock");
+            assert!(!pending.poked, "nothing parked: nothing to re-drive");
+            assert_eq!(pending.pokes, 1, "the write is still counted");
+        }
+        let key: SagaKey = (Kind::VirtualMachineSnapshot, "ns".into(), "s".into());
+        sagas.pending.lock().expect("lock").parked.insert(key, None);
+        sagas.poke();
+        let pending = sagas.pending.lock().expect("lock");
+        assert!(pending.poked, "a parked saga is re-driven after a write");
+        assert_eq!(pending.pokes, 2);
     }
 }
