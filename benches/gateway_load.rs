@@ -273,6 +273,7 @@ fn main() -> anyhow::Result<()> {
         etcd_prefix: "vmplane".into(),
         etcd_max_txn_ops: 128,
         leader_lease_seconds: 5,
+        log_cache_mib: vmplane_store::SledOptions::DEFAULT_CACHE_MIB,
         // The control plane alone: no reconciler competing for the cores.
         hypervisor: vec!["none".into()],
     };

@@ -518,21 +518,23 @@ impl pb::objects_server::Objects for Api {
         let projections = self.projections.clone();
         let min = (r.min_position > 0).then_some(Position(r.min_position));
         blocking(move || {
-            let list = projections
-                .list(kind, scope.as_deref(), min)
-                .map_err(|e| from_projection(kind.as_str(), e))?;
-            let items = list
-                .items
-                .into_iter()
-                .filter(|v| match (&readable, &v.namespace) {
-                    (Some(allowed), Some(ns)) => allowed.iter().any(|a| a == ns),
-                    _ => true,
+            // One object at a time: each is held as a tree only while it is turned into text,
+            // so a list of many objects costs their text, not their trees (~10x larger).
+            let mut items = Vec::new();
+            let position = projections
+                .visit(kind, scope.as_deref(), min, |v| {
+                    let visible = match (&readable, &v.namespace) {
+                        (Some(allowed), Some(ns)) => allowed.iter().any(|a| a == ns),
+                        _ => true,
+                    };
+                    if visible {
+                        items.push(to_pb(v.into_json()));
+                    }
                 })
-                .map(|v| to_pb(v.into_json()))
-                .collect();
+                .map_err(|e| from_projection(kind.as_str(), e))?;
             Ok(Response::new(pb::ListResponse {
                 items,
-                read_position: list.position.0,
+                read_position: position.0,
             }))
         })
         .await

@@ -226,10 +226,16 @@ async fn open_log(
     match args.backend {
         Backend::Sled => {
             let dir = args.data.clone();
-            let log = tokio::task::spawn_blocking(move || vmplane_store::SledLog::open(&dir))
-                .await
-                .context("open the log")?
-                .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
+            let options = vmplane_store::SledOptions {
+                cache_capacity_bytes: args.log_cache_mib << 20,
+                ..vmplane_store::SledOptions::default()
+            };
+            let log = tokio::task::spawn_blocking(move || {
+                vmplane_store::SledLog::open_with(&dir, options)
+            })
+            .await
+            .context("open the log")?
+            .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
             let log = Arc::new(log);
             // Requests submit their appends to the committer thread instead of each parking a
             // blocking thread until its commit.

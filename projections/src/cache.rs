@@ -33,7 +33,7 @@ impl Default for CacheOptions {
     fn default() -> CacheOptions {
         CacheOptions {
             snapshot_every_revisions: 8,
-            streams_max: 10_000,
+            streams_max: 4_096,
             snapshots_per_stream_max: 2048,
         }
     }

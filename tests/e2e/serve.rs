@@ -132,6 +132,34 @@ fn serve_exits_cleanly_on_sigterm_and_reopens_the_same_log() {
 }
 
 #[test]
+fn serve_takes_a_log_cache_size_and_refuses_one_below_its_least() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let path = data.to_str().expect("utf-8 path");
+    let (code, _out, err) = run_cli(&[
+        "serve",
+        "--data",
+        path,
+        "--listen",
+        "127.0.0.1:0",
+        "--log-cache-mib",
+        "4",
+    ]);
+    assert_ne!(code, 0, "a 4 MiB log cache must be refused");
+    assert!(err.contains("--log-cache-mib"), "unclear error: {err}");
+    assert!(
+        !data.exists(),
+        "a refused start must not create the data dir"
+    );
+    // The least size serves, and a log written with it reopens with the default.
+    let server = Server::start(&data, &["--log-cache-mib", "8"]);
+    let status = server.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    let server = Server::start(&data, &[]);
+    assert!(server.stderr().contains("ready"), "{}", server.stderr());
+}
+
+#[test]
 fn serve_reports_a_damaged_log_as_an_error_without_panicking() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");

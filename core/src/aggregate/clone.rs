@@ -513,8 +513,8 @@ fn progress(
                     uid: vm.uid,
                     revision: vm.revision,
                     position: *position,
-                    instancetype: vm.instancetype.as_ref().map(dataprotection::revision_of),
-                    preference: vm.preference.as_ref().map(dataprotection::revision_of),
+                    instancetype: vm.instancetype.as_deref().map(dataprotection::revision_of),
+                    preference: vm.preference.as_deref().map(dataprotection::revision_of),
                 },
                 _ => {
                     fail(

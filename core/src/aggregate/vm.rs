@@ -142,10 +142,11 @@ pub struct VmState {
     pub vm: Option<Arc<VirtualMachine>>,
     /// The effective firmware identity.
     pub firmware: Option<FirmwareIdentity>,
-    /// The captured instancetype.
-    pub instancetype: Option<Captured<Instancetype>>,
-    /// The captured preference.
-    pub preference: Option<Captured<Preference>>,
+    /// The captured instancetype. Boxed: most VMs have none, and an inline one would make every
+    /// state (and every cached snapshot of one) kilobytes larger.
+    pub instancetype: Option<Box<Captured<Instancetype>>>,
+    /// The captured preference (boxed, likewise).
+    pub preference: Option<Box<Captured<Preference>>>,
     /// VMI runs and requests.
     pub run: RunState,
     /// Events whose embedded JSON could not be read (should stay 0; `verify` reports them).
@@ -388,10 +389,10 @@ pub fn evolve_in_place(s: &mut VmState, event: &Event) {
             });
         }
         Event::InstancetypeRevisionCaptured(e) => {
-            s.instancetype = captured(e, &mut s.unreadable_events);
+            s.instancetype = captured(e, &mut s.unreadable_events).map(Box::new);
         }
         Event::PreferenceRevisionCaptured(e) => {
-            s.preference = captured(e, &mut s.unreadable_events);
+            s.preference = captured(e, &mut s.unreadable_events).map(Box::new);
         }
         Event::VmDeleted(_) => {
             s.existence = Existence::Deleted;
@@ -555,8 +556,8 @@ fn started_spec(s: &VmState) -> StartedSpec {
     };
     StartedSpec {
         template_spec,
-        instancetype: s.instancetype.as_ref().map(Captured::revision),
-        preference: s.preference.as_ref().map(Captured::revision),
+        instancetype: s.instancetype.as_deref().map(Captured::revision),
+        preference: s.preference.as_deref().map(Captured::revision),
         expanded,
         requested,
     }
@@ -698,7 +699,7 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
     };
     let (it, it_new) = resolve(
         refs.instancetype.as_ref(),
-        state.instancetype.as_ref().filter(|_| live),
+        state.instancetype.as_deref().filter(|_| live),
         p.instancetype.as_ref(),
         p.recapture_revisions,
         |o: &Instancetype| id(&o.kind, &o.api_version, &o.metadata.name),
@@ -708,7 +709,7 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
     );
     let (pref, pref_new) = resolve(
         refs.preference.as_ref(),
-        state.preference.as_ref().filter(|_| live),
+        state.preference.as_deref().filter(|_| live),
         p.preference.as_ref(),
         p.recapture_revisions,
         |o: &Preference| id(&o.kind, &o.api_version, &o.metadata.name),
