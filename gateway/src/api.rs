@@ -213,6 +213,43 @@ fn to_pb(view: vmplane_projections::render::ObjectJson) -> pb::Object {
     }
 }
 
+/// A list's continue token: the position every page is read at and the (namespace, name) the
+/// next page starts after, as `1.<position>.<hex namespace>.<hex name>` (opaque to clients).
+fn continue_token(at: Position, namespace: &str, name: &str) -> String {
+    format!(
+        "1.{}.{}.{}",
+        at.0,
+        hex::encode(namespace),
+        hex::encode(name)
+    )
+}
+
+fn parse_continue(token: &str) -> Result<(Position, (String, String)), Status> {
+    let bad = || {
+        Status::invalid_argument(format!(
+            "continue_token: {token:?} is not a token this server gave"
+        ))
+    };
+    let mut parts = token.split('.');
+    let (Some("1"), Some(at), Some(ns), Some(name), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return Err(bad());
+    };
+    let at = at.parse::<u64>().map_err(|_| bad())?;
+    let text = |h: &str| {
+        hex::decode(h)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(bad)
+    };
+    Ok((Position(at), (text(ns)?, text(name)?)))
+}
+
 fn parse_time(field: &str, value: &str) -> Result<Timestamp, Status> {
     let t = chrono::DateTime::parse_from_rfc3339(value).map_err(|e| {
         Status::invalid_argument(format!("{field}: {value:?} is not an RFC 3339 time: {e}"))
@@ -517,24 +554,53 @@ impl pb::objects_server::Objects for Api {
         };
         let projections = self.projections.clone();
         let min = (r.min_position > 0).then_some(Position(r.min_position));
+        let (at, after) = match r.continue_token.as_str() {
+            "" => (None, None),
+            token => {
+                let (at, after) = parse_continue(token)?;
+                (Some(at), Some(after))
+            }
+        };
+        let page = vmplane_projections::ListPage {
+            min_position: min,
+            at,
+            after,
+            limit: (r.limit > 0).then_some(r.limit as usize),
+        };
         blocking(move || {
             // One object at a time: each is held as a tree only while it is turned into text,
             // so a list of many objects costs their text, not their trees (~10x larger).
             let mut items = Vec::new();
-            let position = projections
-                .visit(kind, scope.as_deref(), min, |v| {
+            let mut bytes = 0usize;
+            let end = projections
+                .visit_page(kind, scope.as_deref(), &page, |v| {
                     let visible = match (&readable, &v.namespace) {
                         (Some(allowed), Some(ns)) => allowed.iter().any(|a| a == ns),
                         _ => true,
                     };
                     if visible {
-                        items.push(to_pb(v.into_json()));
+                        let item = to_pb(v.into_json());
+                        bytes += prost::Message::encoded_len(&item) + 8;
+                        items.push(item);
                     }
                 })
                 .map_err(|e| from_projection(kind.as_str(), e))?;
+            if bytes > RESPONSE_BYTES_MAX - 64 * 1024 {
+                return Err(Status::resource_exhausted(format!(
+                    "limit: {} objects are {:.1} MiB, over the {} MiB a response may hold: \
+                     list in pages (limit, continue_token; `vmplane get --chunk-size N`)",
+                    items.len(),
+                    bytes as f64 / f64::from(1u32 << 20),
+                    RESPONSE_BYTES_MAX >> 20
+                )));
+            }
             Ok(Response::new(pb::ListResponse {
                 items,
-                read_position: position.0,
+                read_position: end.position.0,
+                continue_token: end
+                    .next
+                    .map(|(ns, name)| continue_token(end.position, &ns, &name))
+                    .unwrap_or_default(),
             }))
         })
         .await

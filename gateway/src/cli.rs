@@ -374,6 +374,11 @@ pub struct GetArgs {
     /// The object as it was at this instant (RFC 3339).
     #[arg(long, value_name = "RFC3339", requires = "name")]
     pub as_of: Option<String>,
+    /// A list is fetched in pages of this many objects (kubectl's default, 500), all read at
+    /// the first page's position, so together they are one list; 0 fetches it in one response
+    /// (refused when it is larger than a response may be).
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    pub chunk_size: u32,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -251,17 +251,7 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
             }
         }
         None => {
-            let resp = c
-                .objects
-                .list(pb::ListRequest {
-                    kind: a.kind.clone(),
-                    namespace: g.namespace.clone(),
-                    all_namespaces: a.all_namespaces,
-                    min_position: 0,
-                })
-                .await
-                .map_err(status_error)?
-                .into_inner();
+            let resp = list_all(c, g, a).await?;
             match g.output {
                 None | Some(Output::Table) => {
                     if resp.items.is_empty() {
@@ -280,6 +270,37 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
         }
     }
     Ok(())
+}
+
+/// A whole list, in pages of `--chunk-size` read at one position (the first page's).
+async fn list_all(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &GetArgs,
+) -> anyhow::Result<pb::ListResponse> {
+    let mut whole = pb::ListResponse::default();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .objects
+            .list(pb::ListRequest {
+                kind: a.kind.clone(),
+                namespace: g.namespace.clone(),
+                all_namespaces: a.all_namespaces,
+                min_position: 0,
+                limit: a.chunk_size,
+                continue_token: std::mem::take(&mut token),
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        whole.items.extend(page.items);
+        whole.read_position = page.read_position;
+        if page.continue_token.is_empty() {
+            return Ok(whole);
+        }
+        token = page.continue_token;
+    }
 }
 
 /// `delete`.

@@ -87,7 +87,9 @@ pub use error::{Error, Result};
 pub use features::{features_requested, state_features};
 pub use history::{AuditQuery, AuditRecord, HistoryEntry, SpecDiff};
 pub use model::{AggState, Snapshot};
-pub use projections::{At, ListResult, ObjectRef, ProjectionOptions, Projections};
+pub use projections::{
+    At, ListPage, ListResult, ObjectRef, PageEnd, ProjectionOptions, Projections,
+};
 pub use readmodel::RevisionRef;
 pub use render::{ObjectJson, ObjectView, Rendered};
 pub use watch::{Watch, WatchEvent, WatchFilter};

@@ -69,6 +69,29 @@ pub struct ListResult {
     pub position: Position,
 }
 
+/// Which page of a list [`Projections::visit_page`] reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPage {
+    /// Wait until the projections reached this position (read-your-writes).
+    pub min_position: Option<Position>,
+    /// Read the objects as they were at this position (a later page: the first page's
+    /// position); `None` reads them now.
+    pub at: Option<Position>,
+    /// Start after this (namespace, name); `None` starts at the first.
+    pub after: Option<(String, String)>,
+    /// At most this many objects (a VMI and its VM's stream count once); `None`: all.
+    pub limit: Option<usize>,
+}
+
+/// Where a page of a list ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageEnd {
+    /// The position every page of the list is read at.
+    pub position: Position,
+    /// The (namespace, name) the next page starts after; `None` after the last page.
+    pub next: Option<(String, String)>,
+}
+
 impl ListResult {
     /// `{"apiVersion": "v1", "kind": "List", "items": [...], "metadata": {"resourceVersion": P}}`.
     #[must_use]
@@ -636,11 +659,41 @@ impl Projections {
         kind: Kind,
         namespace: Option<&str>,
         min_position: Option<Position>,
-        mut visit: impl FnMut(ObjectView),
+        visit: impl FnMut(ObjectView),
     ) -> Result<Position> {
-        self.sync(min_position)?;
-        let (position, wanted) = {
+        let page = ListPage {
+            min_position,
+            ..ListPage::default()
+        };
+        Ok(self.visit_page(kind, namespace, &page, visit)?.position)
+    }
+
+    /// One page of a list: the live objects of `kind` (in `namespace`, or all) after
+    /// `page.after` in (namespace, name) order, at most `page.limit` of them, rendered as they
+    /// were at `page.at` (the first page's position, for every later page: the pages together
+    /// are one list at one position, so a watch from it misses and repeats nothing), or now.
+    /// [`PageEnd::next`] is where the next page starts, `None` after the last.
+    pub fn visit_page(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        page: &ListPage,
+        mut visit: impl FnMut(ObjectView),
+    ) -> Result<PageEnd> {
+        let wait = match (page.min_position, page.at) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.sync(wait)?;
+        let limit = page.limit.unwrap_or(usize::MAX).max(1);
+        let after = page
+            .after
+            .as_ref()
+            .map(|(ns, name)| (ns.as_str(), name.as_str()));
+        let (position, wanted, more) = {
             let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+            let position = page.at.unwrap_or(model.applied());
+            let now = position == model.applied();
             let mut wanted = Vec::new();
             let kinds: &[Kind] = if kind == Kind::VirtualMachineInstance {
                 &[Kind::VirtualMachineInstance, Kind::VirtualMachine]
@@ -649,31 +702,72 @@ impl Projections {
             };
             for k in kinds {
                 let ki = Kind::ALL.iter().position(|x| x == k).unwrap_or(0) as u8;
-                let lo = NameKey::new(ki, namespace.unwrap_or(""), "");
+                let lo = match after {
+                    Some((ns, name)) => NameKey::new(ki, ns, name),
+                    None => NameKey::new(ki, namespace.unwrap_or(""), ""),
+                };
+                let mut taken = 0;
                 for (key, idx) in model.by_name.range(lo..) {
                     let (ns, name) = (key.namespace(), key.name());
                     if key.kind != ki || namespace.is_some_and(|n| n != ns) {
                         break;
                     }
+                    if after.is_some_and(|a| (ns, name) <= a) {
+                        continue;
+                    }
                     let Some(entry) = model.entry_at(*idx) else {
                         continue;
                     };
-                    // A VM's VMI may outlive the VM (Terminating): keep dead VM streams for VMIs.
-                    let keep = entry.live
-                        || (kind == Kind::VirtualMachineInstance && *k == Kind::VirtualMachine);
-                    if !keep {
+                    let revision = if now {
+                        // A VM's VMI may outlive the VM (Terminating): keep dead VM streams
+                        // for VMIs.
+                        let keep = entry.live
+                            || (kind == Kind::VirtualMachineInstance && *k == Kind::VirtualMachine);
+                        if !keep {
+                            continue;
+                        }
+                        entry.revision()
+                    } else {
+                        // Then, not now: whether it lived then is the fold's to say.
+                        entry.revision_at(position)
+                    };
+                    if revision == 0 {
                         continue;
                     }
                     wanted.push((
                         (ns.to_owned(), name.to_owned()),
                         entry.stream.to_string(),
                         *k,
-                        entry.revision(),
+                        revision,
                     ));
+                    taken += 1;
+                    // One more than a page tells whether another page follows.
+                    if taken > limit {
+                        break;
+                    }
                 }
             }
             wanted.sort();
-            (model.applied(), wanted)
+            // Whole (namespace, name) groups only: a VMI and its VM's stream stay on one page.
+            let mut names = 0;
+            let mut cut = wanted.len();
+            for i in 0..wanted.len() {
+                if i == 0 || wanted[i].0 != wanted[i - 1].0 {
+                    names += 1;
+                    if names > limit {
+                        cut = i;
+                        break;
+                    }
+                }
+            }
+            let more = cut < wanted.len();
+            wanted.truncate(cut);
+            (position, wanted, more)
+        };
+        let next = if more {
+            wanted.last().map(|(key, ..)| key.clone())
+        } else {
+            None
         };
         let now_ms = Timestamp::now().0 / 1_000_000;
         let features = self.features_at(Some(position))?;
@@ -690,7 +784,7 @@ impl Projections {
                 visit(view);
             }
         }
-        Ok(position)
+        Ok(PageEnd { position, next })
     }
 
     /// The folded state of every stream of `kind` now, live or deleted (a deleted VM may still

@@ -436,6 +436,7 @@ async fn call(c: &mut Clients, caller: Caller, rpc: Rpc, scope: Scope) -> (Code,
                 namespace: namespace(scope),
                 all_namespaces: rpc == Rpc::ListAll,
                 min_position: 0,
+                ..Default::default()
             })
             .await
             .map(drop),

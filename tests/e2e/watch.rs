@@ -136,6 +136,7 @@ fn a_list_then_a_watch_from_its_resource_version_misses_nothing_and_repeats_noth
                 namespace: String::new(),
                 all_namespaces: true,
                 min_position: 0,
+                ..Default::default()
             })
             .await
             .expect("list")
@@ -286,4 +287,148 @@ fn a_list_then_a_watch_from_its_resource_version_misses_nothing_and_repeats_noth
         assert_eq!(ev.position, applied.position);
         assert_eq!((ev.name.as_str(), ev.event.as_str()), ("live", "VmCreated"));
     });
+}
+
+/// Names and objects of a list response, for comparing lists.
+fn listed(items: &[pb::Object]) -> Vec<(String, Value)> {
+    items
+        .iter()
+        .map(|o| {
+            (
+                o.name.clone(),
+                serde_json::from_str(&o.json).expect("object json"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_paged_list_is_one_list_at_its_first_pages_position_whatever_is_written_between_pages() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
+    let rt = rt();
+    rt.block_on(async {
+        let mut objects = ObjectsClient::new(channel(&server).await);
+        let apply = |name: String, memory: usize| pb::ApplyRequest {
+            manifest: vm(&name, memory),
+            namespace: "paging".into(),
+            ..Default::default()
+        };
+        for i in 0..9 {
+            objects
+                .apply(apply(format!("vm-{i}"), 128))
+                .await
+                .expect("apply");
+        }
+        let request = |limit: u32, continue_token: String| pb::ListRequest {
+            kind: "vm".into(),
+            namespace: "paging".into(),
+            limit,
+            continue_token,
+            ..Default::default()
+        };
+        let whole = objects
+            .list(request(0, String::new()))
+            .await
+            .expect("list")
+            .into_inner();
+        assert_eq!(whole.items.len(), 9);
+        assert!(whole.continue_token.is_empty());
+
+        let first = objects
+            .list(request(4, String::new()))
+            .await
+            .expect("first page")
+            .into_inner();
+        assert_eq!(first.read_position, whole.read_position);
+        assert_eq!(first.items.len(), 4);
+        assert!(!first.continue_token.is_empty(), "more pages follow");
+
+        // Between pages: an object of a later page is edited and another deleted, and a new
+        // one sorts into the second page. None of it belongs to a list read before.
+        objects
+            .apply(apply("vm-5".into(), 512))
+            .await
+            .expect("edit");
+        objects
+            .apply(apply("vm-4a".into(), 128))
+            .await
+            .expect("create");
+        objects
+            .delete(pb::DeleteRequest {
+                r#ref: Some(pb::ObjectRef {
+                    kind: "vm".into(),
+                    namespace: "paging".into(),
+                    name: "vm-8".into(),
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect("delete");
+
+        let mut pages = vec![first.clone()];
+        let mut token = first.continue_token.clone();
+        while !token.is_empty() {
+            let page = objects
+                .list(request(4, token))
+                .await
+                .expect("next page")
+                .into_inner();
+            assert_eq!(
+                page.read_position, first.read_position,
+                "every page is read at the first page's position"
+            );
+            assert!(page.items.len() <= 4);
+            token = page.continue_token.clone();
+            pages.push(page);
+        }
+        assert_eq!(pages.len(), 3);
+        let paged: Vec<pb::Object> = pages.into_iter().flat_map(|p| p.items).collect();
+        assert_eq!(listed(&paged), listed(&whole.items));
+
+        // A new list sees the writes; a token that is not the server's is refused.
+        let now = objects
+            .list(request(0, String::new()))
+            .await
+            .expect("list")
+            .into_inner();
+        let names: Vec<String> = now.items.iter().map(|o| o.name.clone()).collect();
+        assert_eq!(
+            names,
+            [
+                "vm-0", "vm-1", "vm-2", "vm-3", "vm-4", "vm-4a", "vm-5", "vm-6", "vm-7"
+            ]
+        );
+        let refused = objects
+            .list(request(4, "not-a-token".into()))
+            .await
+            .expect_err("a forged token");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert!(refused.message().contains("continue_token"), "{refused:?}");
+    });
+
+    // The CLI pages by default; its output is the same in any page size.
+    let cli = Cli::new(&server);
+    let outputs: Vec<String> = ["1", "2", "500", "0"]
+        .iter()
+        .map(|chunk| {
+            let (code, out, err) = cli.run(&[
+                "get",
+                "vms",
+                "-n",
+                "paging",
+                "-o",
+                "json",
+                "--chunk-size",
+                chunk,
+            ]);
+            assert_eq!(code, 0, "{err}");
+            out
+        })
+        .collect();
+    for out in &outputs[1..] {
+        assert_eq!(out, &outputs[0]);
+    }
+    let list: Value = serde_json::from_str(&outputs[0]).expect("json list");
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(9));
 }
