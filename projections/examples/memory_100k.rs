@@ -1,24 +1,23 @@
-//! Resident memory of the projections after loading 100,000 VMs (issue 5's memory target:
-//! ≤ 300 MiB), measured in a process of its own.
+//! Resident memory of a process that has loaded 100,000 VMs (issue 5's memory target:
+//! ≤ 300 MiB), the whole process, measured in a process of its own.
 //!
 //! ```sh
 //! cargo run --release -p vmplane-projections --example memory_100k [-- VMS]
+//! cargo run --release -p vmplane-projections --example memory_100k -- fill DIR [VMS]
+//! cargo run --release -p vmplane-projections --example memory_100k -- measure DIR
 //! ```
 //!
-//! Phase 1 (this process) creates a log in a temporary directory and applies `VMS` (default
-//! 100,000) VirtualMachines through the real command path, from several threads: manifests
-//! shaped like `examples/vm.yaml` (CPU, memory, a disk, an interface, a network, a container
-//! disk), each with its own name and labels; the command path defaults them, assigns firmware
-//! UUIDs and appends durably, as the server does. Phase 2 runs this binary again as a child
-//! (`measure DIR`): it opens the log and reads it through once (so the store's own page cache
-//! holds it, as it does in a running server), reads `VmRSS` from `/proc/self/status` (the
-//! baseline), then opens the projections the way `vmplane serve` does (`Projections::open`
-//! with the default options, no checkpoint yet, so the whole log is replayed and a checkpoint
-//! written, and a `CommandHandler` over the same state cache) and settles the feature index
-//! (every VM's state folded through the bounded state cache): the resident memory above the
-//! baseline is then the figure. It also lists every VM with its status (a response of 100,000
-//! rendered objects, held only while it is built) and reports the memory with that list held
-//! and after it is dropped.
+//! Phase 1 (`fill`) creates a log and applies `VMS` (default 100,000) VirtualMachines through
+//! the real command path, from several threads: manifests shaped like `examples/vm.yaml` (CPU,
+//! memory, a disk, an interface, a network, a container disk), each with its own name and
+//! labels; the command path defaults them, assigns firmware UUIDs and appends durably, as the
+//! server does. Phase 2 (`measure`, a child process; give it a copy of a filled directory to
+//! measure the same log again) opens the log and the projections the way `vmplane serve` does
+//! (default options; no checkpoint yet, so the whole log is replayed and a checkpoint written),
+//! settles the feature index (every VM's state folded through the bounded state cache) and
+//! reads `VmRSS` from `/proc/self/status`: the figure. It then reads the whole log again and
+//! renders every VM with its status one at a time (as a paged list does), and reports the
+//! memory after each.
 
 use std::path::Path;
 use std::sync::Arc;
