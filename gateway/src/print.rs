@@ -47,7 +47,11 @@ pub fn value(
     value_to(out, format, value)
 }
 
-fn value_to(out: &mut impl Write, format: Output, value: &serde_json::Value) -> anyhow::Result<()> {
+fn value_to(
+    out: &mut impl Write,
+    format: Output,
+    value: &impl serde::Serialize,
+) -> anyhow::Result<()> {
     match format {
         Output::Json => {
             serde_json::to_writer_pretty(&mut *out, value)?;
@@ -61,20 +65,48 @@ fn value_to(out: &mut impl Write, format: Output, value: &serde_json::Value) -> 
 }
 
 /// A list in Kubernetes' shape: `{"apiVersion": "v1", "kind": "List", "items": [...],
-/// "metadata": {"resourceVersion": P}}`.
+/// "metadata": {"resourceVersion": P}}`. Each item is parsed only while it is written, so a
+/// long list costs its text, not a tree of every object (~10x the text).
 pub fn list(
     out: &mut impl Write,
     format: Option<Output>,
     items: &[pb::Object],
     read_position: u64,
 ) -> anyhow::Result<()> {
-    let items: Vec<serde_json::Value> = items.iter().map(parse).collect::<anyhow::Result<_>>()?;
-    let list = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "List",
-        "items": items,
-        "metadata": {"resourceVersion": read_position.to_string()},
-    });
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct List<'a> {
+        api_version: &'static str,
+        kind: &'static str,
+        items: Items<'a>,
+        metadata: Metadata,
+    }
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Metadata {
+        resource_version: String,
+    }
+    struct Items<'a>(&'a [pb::Object]);
+    impl serde::Serialize for Items<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::{Error, SerializeSeq};
+            let mut seq = s.serialize_seq(Some(self.0.len()))?;
+            for obj in self.0 {
+                seq.serialize_element(
+                    &parse(obj).map_err(|e| S::Error::custom(format!("{e:#}")))?,
+                )?;
+            }
+            seq.end()
+        }
+    }
+    let list = List {
+        api_version: "v1",
+        kind: "List",
+        items: Items(items),
+        metadata: Metadata {
+            resource_version: read_position.to_string(),
+        },
+    };
     value_to(out, format.unwrap_or(Output::Yaml), &list)
 }
 
@@ -440,6 +472,46 @@ pub fn unified_diff(out: &mut impl Write, diff: &str, color: bool) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_streamed_item_by_item_prints_as_the_whole_tree_would() {
+        let items: Vec<pb::Object> = [
+            r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"b","labels":{"z":"1","a":"2"}},"spec":{"runStrategy":"Halted"},"status":{"printableStatus":"Stopped"}}"#,
+            r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"a"},"spec":{"template":{"spec":{"domain":{"devices":{"disks":[{"name":"root"}]}}}}}}"#,
+        ]
+        .iter()
+        .map(|json| pb::Object {
+            kind: "VirtualMachine".into(),
+            json: (*json).into(),
+            ..Default::default()
+        })
+        .collect();
+        let tree = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": items.iter().map(|o| parse(o).expect("json")).collect::<Vec<_>>(),
+            "metadata": {"resourceVersion": "42"},
+        });
+        for format in [Output::Json, Output::Yaml] {
+            let mut streamed = Vec::new();
+            list(&mut streamed, Some(format), &items, 42).expect("list");
+            let mut whole = Vec::new();
+            value_to(&mut whole, format, &tree).expect("tree");
+            assert_eq!(
+                String::from_utf8(streamed).expect("utf-8"),
+                String::from_utf8(whole).expect("utf-8"),
+                "{format:?}"
+            );
+        }
+        let broken = [pb::Object {
+            kind: "VirtualMachine".into(),
+            name: "x".into(),
+            json: "{".into(),
+            ..Default::default()
+        }];
+        let err = list(&mut Vec::new(), Some(Output::Json), &broken, 1).expect_err("bad json");
+        assert!(format!("{err:#}").contains("VirtualMachine/x"), "{err:#}");
+    }
 
     #[test]
     fn tables_line_up_on_the_widest_cell() {
