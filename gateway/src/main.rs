@@ -28,6 +28,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // The reader went away (`vmplane get vms -o json | head`): nothing left to tell it.
+        Err(err) if reader_gone(&err) => ExitCode::SUCCESS,
         Err(err) => {
             // One clear line: the context chain, outermost first.
             eprintln!("vmplane: error: {err:#}");
@@ -35,6 +37,19 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Whether `err` is a write to a closed pipe, as when the output is piped to `head`.
+fn reader_gone(err: &anyhow::Error) -> bool {
+    let broken = Some(std::io::ErrorKind::BrokenPipe);
+    err.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().map(std::io::Error::kind) == broken
+            // serde_json keeps the write's error inside its own.
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+                == broken
+    })
 }
 
 fn run_client(

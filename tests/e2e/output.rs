@@ -307,3 +307,36 @@ fn completion_prints_a_shell_script() {
     assert_eq!(code, 0);
     assert!(out.contains("#compdef vmplane"), "{out}");
 }
+
+#[test]
+fn output_piped_to_a_reader_that_stops_early_ends_quietly() {
+    let server = shared_server();
+    let vmplane = Cli::new(server);
+    demo(&vmplane, "output-pipe");
+    // The reader closes its end before the CLI writes (as `| head -1` does once it has its
+    // line): the CLI's write fails with EPIPE.
+    let mut child = std::process::Command::new(vmplane_tests::vmplane_bin())
+        .args([
+            "--server",
+            &server.url,
+            "get",
+            "vms",
+            "-n",
+            "output-pipe",
+            "-o",
+            "json",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn vmplane");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(
+        stderr.is_empty(),
+        "nothing to say to a reader that left: {stderr}"
+    );
+}
