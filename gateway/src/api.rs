@@ -566,6 +566,7 @@ impl pb::objects_server::Objects for Api {
             at,
             after,
             limit: (r.limit > 0).then_some(r.limit as usize),
+            namespaces: readable,
         };
         blocking(move || {
             // One object at a time: each is held as a tree only while it is turned into text,
@@ -574,15 +575,9 @@ impl pb::objects_server::Objects for Api {
             let mut bytes = 0usize;
             let end = projections
                 .visit_page(kind, scope.as_deref(), &page, |v| {
-                    let visible = match (&readable, &v.namespace) {
-                        (Some(allowed), Some(ns)) => allowed.iter().any(|a| a == ns),
-                        _ => true,
-                    };
-                    if visible {
-                        let item = to_pb(v.into_json());
-                        bytes += prost::Message::encoded_len(&item) + 8;
-                        items.push(item);
-                    }
+                    let item = to_pb(v.into_json());
+                    bytes += prost::Message::encoded_len(&item) + 8;
+                    items.push(item);
                 })
                 .map_err(|e| from_projection(kind.as_str(), e))?;
             if bytes > RESPONSE_BYTES_MAX - 64 * 1024 {

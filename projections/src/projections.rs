@@ -81,6 +81,10 @@ pub struct ListPage {
     pub after: Option<(String, String)>,
     /// At most this many objects (a VMI and its VM's stream count once); `None`: all.
     pub limit: Option<usize>,
+    /// Only objects in these namespaces (a reader's, when it lists all namespaces); `None`:
+    /// any. Applied before the page is cut, so a page, and where the next one starts, never
+    /// come from a namespace outside them.
+    pub namespaces: Option<Vec<String>>,
 }
 
 /// Where a page of a list ended.
@@ -712,7 +716,12 @@ impl Projections {
                     if key.kind != ki || namespace.is_some_and(|n| n != ns) {
                         break;
                     }
-                    if after.is_some_and(|a| (ns, name) <= a) {
+                    if after.is_some_and(|a| (ns, name) <= a)
+                        || page
+                            .namespaces
+                            .as_ref()
+                            .is_some_and(|only| !only.iter().any(|o| o == ns))
+                    {
                         continue;
                     }
                     let Some(entry) = model.entry_at(*idx) else {

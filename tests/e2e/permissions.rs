@@ -787,3 +787,81 @@ fn a_non_loopback_listen_is_allowed_with_auth() {
     let line = Cli::new(&server).fails(&["get", "vms", "-n", "team-a"]);
     assert!(line.contains("unauthenticated"), "{line}");
 }
+
+#[test]
+fn a_paged_list_of_all_namespaces_shows_a_reader_only_its_own_not_even_in_its_tokens() {
+    let auth = auth_server();
+    rt().block_on(async {
+        let ch = channel(&auth.server).await;
+        let mut ops = Clients::new(ch.clone(), Some(OPS));
+        let mut vera = Clients::new(ch, Some(VERA));
+        let list = |limit: u32, continue_token: String| pb::ListRequest {
+            kind: "vm".into(),
+            all_namespaces: true,
+            limit,
+            continue_token,
+            ..Default::default()
+        };
+        let everything = ops
+            .objects
+            .list(list(0, String::new()))
+            .await
+            .expect("admin list")
+            .into_inner();
+        let others: Vec<&str> = everything
+            .items
+            .iter()
+            .map(|o| o.namespace.as_str())
+            .filter(|ns| *ns != "team-a")
+            .collect();
+        assert!(!others.is_empty(), "objects outside team-a exist to hide");
+        let whole = vera
+            .objects
+            .list(list(0, String::new()))
+            .await
+            .expect("vera list")
+            .into_inner();
+        assert!(!whole.items.is_empty());
+        assert!(whole.items.iter().all(|o| o.namespace == "team-a"));
+
+        // Pages of one: each holds one of vera's objects, and no token names another
+        // namespace (a token carries where the next page starts).
+        let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+        let mut paged = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = vera
+                .objects
+                .list(list(1, token))
+                .await
+                .expect("vera page")
+                .into_inner();
+            assert_eq!(page.read_position, whole.read_position);
+            for ns in &others {
+                assert!(
+                    !page.continue_token.contains(&hex(ns)),
+                    "a token names namespace {ns}: {}",
+                    page.continue_token
+                );
+            }
+            assert_eq!(
+                page.items.len(),
+                1,
+                "an empty page: {:?}",
+                page.continue_token
+            );
+            paged.extend(page.items);
+            if page.continue_token.is_empty() {
+                break;
+            }
+            token = page.continue_token;
+        }
+        let names = |items: &[pb::Object]| -> Vec<String> {
+            items
+                .iter()
+                .map(|o| format!("{}/{}", o.namespace, o.name))
+                .collect()
+        };
+        assert_eq!(names(&paged), names(&whole.items));
+    });
+}
