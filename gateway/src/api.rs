@@ -896,7 +896,7 @@ impl pb::history_server::History for Api {
             let records = projections
                 .audit(&query)
                 .map_err(|e| from_projection("audit", e))?;
-            let visible: Vec<_> = records
+            let mut visible: Vec<_> = records
                 .into_iter()
                 .filter(|a| match &readable {
                     // Cluster-scoped objects (namespace "") are readable by every principal.
@@ -904,6 +904,15 @@ impl pb::history_server::History for Api {
                     None => true,
                 })
                 .collect();
+            for a in visible
+                .iter_mut()
+                .filter(|a| a.kind == Kind::KubeVirt.as_str())
+            {
+                if let Some((namespace, name)) = cluster_config_identity(&projections, a.position)?
+                {
+                    (a.namespace, a.name) = (namespace, name);
+                }
+            }
             // The newest `limit`, oldest first: what happened most recently, in order.
             let skip = visible.len().saturating_sub(limit);
             let entries = visible
@@ -924,6 +933,18 @@ impl pb::history_server::History for Api {
         })
         .await
     }
+}
+
+/// The KubeVirt object's namespace and name at `position`, for audit and watch entries: its
+/// stream (`cluster/config`) does not carry them. Filled in after the namespace check: the
+/// cluster configuration is readable by every principal.
+fn cluster_config_identity(
+    projections: &Projections,
+    position: u64,
+) -> Result<Option<(String, String)>, Status> {
+    projections
+        .cluster_config_identity(Position(position))
+        .map_err(|e| from_projection("KubeVirt", e))
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
@@ -999,6 +1020,7 @@ impl pb::watch_server::Watch for Api {
             .projections
             .watch(after, WatchFilter { kind, namespace });
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER_EVENTS_MAX);
+        let projections = self.projections.clone();
         tokio::task::spawn_blocking(move || {
             loop {
                 if tx.is_closed() {
@@ -1017,6 +1039,19 @@ impl pb::watch_server::Watch for Api {
                         && !allowed.contains(&e.namespace)
                     {
                         continue;
+                    }
+                    let mut e = e;
+                    if e.kind == Kind::KubeVirt.as_str() {
+                        match cluster_config_identity(&projections, e.position) {
+                            Ok(Some((namespace, name))) => {
+                                (e.namespace, e.name) = (namespace, name)
+                            }
+                            Ok(None) => {}
+                            Err(status) => {
+                                let _ = tx.blocking_send(Err(status));
+                                return;
+                            }
+                        }
                     }
                     let ev = pb::WatchEvent {
                         position: e.position,
@@ -1045,18 +1080,37 @@ impl pb::cluster_server::Cluster for Api {
         &self,
         request: Request<pb::FeaturesRequest>,
     ) -> Result<Response<pb::FeaturesResponse>, Status> {
-        // The cluster configuration is readable by every authenticated principal.
-        let _p = self.principal(request.metadata())?;
+        // The cluster configuration is readable by every authenticated principal; how many
+        // VMs use a feature counts only the VMs the principal may read (as `features usage`
+        // lists them), or the count would tell of namespaces it has no role in.
+        let p = self.principal(request.metadata())?;
+        let readable = p.readable_namespaces();
         let projections = self.projections.clone();
         blocking(move || {
             let features = projections
                 .features_at(None)
                 .map_err(|e| from_projection("features", e))?;
-            let usage: std::collections::HashMap<String, usize> = projections
-                .feature_usage()
-                .map_err(|e| from_projection("features", e))?
-                .into_iter()
-                .collect();
+            let usage: std::collections::HashMap<String, usize> = match &readable {
+                None => projections
+                    .feature_usage()
+                    .map_err(|e| from_projection("features", e))?
+                    .into_iter()
+                    .collect(),
+                Some(allowed) => {
+                    let mut usage = std::collections::HashMap::new();
+                    for f in features.statuses() {
+                        let users = projections
+                            .vms_using_feature(f.name)
+                            .map_err(|e| from_projection("features", e))?;
+                        let count = users
+                            .iter()
+                            .filter(|r| r.namespace.as_ref().is_none_or(|ns| allowed.contains(ns)))
+                            .count();
+                        usage.insert(f.name.to_string(), count);
+                    }
+                    usage
+                }
+            };
             let features = features
                 .statuses()
                 .iter()

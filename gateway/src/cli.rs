@@ -224,6 +224,9 @@ pub struct AdminArgs {
 #[derive(Debug, Subcommand)]
 pub enum AdminCommand {
     /// Stream the whole log from the running server (admin role) into one self-verifying file.
+    #[command(
+        after_help = "Examples:\n  vmplane admin backup --out vmplane-$(date +%F).backup\n  VMPLANE_TOKEN=$OPS_TOKEN vmplane --server http://cp1:50051 admin backup --out cp1.backup"
+    )]
     Backup {
         /// The backup file (written to FILE.tmp, synced, then renamed).
         #[arg(long)]
@@ -231,6 +234,9 @@ pub enum AdminCommand {
     },
     /// Offline: build a NEW data directory from a backup (refuses an existing one, one another
     /// restore is building, or a damaged backup).
+    #[command(
+        after_help = "Examples:\n  vmplane admin restore --from cp1.backup --data ./restored\n  vmplane admin restore --from cp1.backup --data ./before-the-mistake --to-time 2026-11-22T14:05:00Z\n  vmplane admin restore --from cp1.backup --data ./at-1200 --to-position 1200\nThen serve it: vmplane serve --data ./restored"
+    )]
     Restore {
         /// The backup file.
         #[arg(long)]
@@ -247,6 +253,9 @@ pub enum AdminCommand {
     },
     /// Offline: check a data directory's hash chain, positions, payloads, and projections
     /// against a rebuild.
+    #[command(
+        after_help = "Stop the server that serves DIR first: the log is opened exclusively.\n\nExamples:\n  vmplane admin verify --data ./vmplane-data\n  vmplane admin verify --data ./restored"
+    )]
     Verify {
         /// The data directory.
         #[arg(long)]

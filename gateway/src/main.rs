@@ -19,9 +19,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => vmplane_gateway::server::run(args).map(|()| ExitCode::SUCCESS),
         Command::Completion(args) => {
+            // Written into memory first: clap_complete panics when its writer fails, as
+            // a pipe whose reader stopped early does (`vmplane completion bash | head`).
             let mut cmd = Cli::command();
-            clap_complete::generate(args.shell, &mut cmd, "vmplane", &mut std::io::stdout());
-            Ok(ExitCode::SUCCESS)
+            let mut script = Vec::new();
+            clap_complete::generate(args.shell, &mut cmd, "vmplane", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
+                .map_err(anyhow::Error::from)
+                .map(|()| ExitCode::SUCCESS)
         }
         Command::Admin(args) => vmplane_gateway::dr::run(&cli.global, args),
         command => run_client(&cli.global, command),

@@ -5,7 +5,7 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `vmplane_grpc_server_handled_total` | counter | `method`, `code` |
-//! | `vmplane_grpc_server_handling_seconds` | histogram | `method` |
+//! | `vmplane_grpc_server_handling_seconds` | histogram | `method`, `code` |
 //! | `vmplane_log_head_position` | gauge | |
 //! | `vmplane_projection_applied_position` | gauge | |
 //! | `vmplane_projection_lag_events` | gauge | |
@@ -13,7 +13,8 @@
 //! | `vmplane_vmi_feature_mismatch` | gauge | |
 //!
 //! Gauges are computed when scraped, from the log and the projections: nothing here is a
-//! second truth.
+//! second truth. The exposition is OpenMetrics text (what `prometheus_client` writes, ending in
+//! `# EOF`), served with OpenMetrics' content type so a scraper parses it as such.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,16 +40,16 @@ struct HandledLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct MethodLabels {
-    method: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabels {
     status: String,
 }
 
-type LatencyFamily = Family<MethodLabels, Histogram, fn() -> Histogram>;
+/// What [`Metrics::scrape`] writes: OpenMetrics text, not Prometheus' older text format
+/// (the `_total` suffix only on samples, the closing `# EOF`).
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type LatencyFamily = Family<HandledLabels, Histogram, fn() -> Histogram>;
 
 /// Every metric vmplane exports.
 pub struct Metrics {
@@ -86,7 +87,7 @@ impl Metrics {
         let latency: LatencyFamily = Family::new_with_constructor(latency_histogram);
         registry.register(
             "vmplane_grpc_server_handling_seconds",
-            "Time from receiving a gRPC request to its response headers, by method",
+            "Time from receiving a gRPC request to its response headers, by method and status code",
             latency.clone(),
         );
         let log_head = Gauge::default();
@@ -133,17 +134,12 @@ impl Metrics {
 
     /// Records one finished request.
     pub fn observe_request(&self, method: &str, code: &str, seconds: f64) {
-        self.handled
-            .get_or_create(&HandledLabels {
-                method: method.to_string(),
-                code: code.to_string(),
-            })
-            .inc();
-        self.latency
-            .get_or_create(&MethodLabels {
-                method: method.to_string(),
-            })
-            .observe(seconds);
+        let labels = HandledLabels {
+            method: method.to_string(),
+            code: code.to_string(),
+        };
+        self.handled.get_or_create(&labels).inc();
+        self.latency.get_or_create(&labels).observe(seconds);
     }
 
     /// Refreshes the gauges from the log and the projections, then encodes everything in the
@@ -207,7 +203,7 @@ pub async fn serve_metrics(
                 match scraped {
                     Ok(Ok(text)) => (
                         StatusCode::OK,
-                        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                        [("content-type", OPENMETRICS_CONTENT_TYPE)],
                         text,
                     )
                         .into_response(),

@@ -126,6 +126,15 @@ impl Command {
         }
     }
 
+    /// The name of the object the command acts on.
+    fn name(&self) -> &str {
+        match self {
+            Command::Vm { name, .. } | Command::Vmi { name, .. } | Command::Object { name, .. } => {
+                name
+            }
+        }
+    }
+
     fn kind(&self) -> Kind {
         match self {
             Command::Vm { .. } => Kind::VirtualMachine,
@@ -593,7 +602,12 @@ impl CommandHandler {
         if times.len() != events.len() {
             return None;
         }
-        for (event, recorded_at) in events.iter().zip(times) {
+        let is_vm = matches!(after.state, AggState::Vm(_));
+        for ((event, recorded_at), position) in events
+            .iter()
+            .zip(times)
+            .zip(append.first_position.0..=append.last_position.0)
+        {
             if matches!(
                 event,
                 Event::VmCreated(_) | Event::VmiCreated(_) | Event::ObjectCreated(_)
@@ -601,6 +615,10 @@ impl CommandHandler {
                 after.created_at_ns = Some(recorded_at);
             }
             after.recorded_at_ns = recorded_at;
+            // As `Snapshot::apply` places it.
+            if is_vm && event.type_name().starts_with("Vmi") {
+                after.vmi_position = Position(position);
+            }
         }
         after.position = append.last_position;
         let after = Arc::new(after);
@@ -822,6 +840,32 @@ fn needs_resolving(state: &AggState, command: &Command) -> bool {
 }
 
 fn decide(state: &AggState, command: &Command, ctx: &mut Ctx) -> Result<Decision, Rejection> {
+    decide_on_kind(state, command, ctx).map_err(|r| name_the_missing(r, state, command))
+}
+
+/// A stream that never had an object knows no name: core's NotFound then reads
+/// `virtualmachines.kubevirt.io "" not found`. The command knows the name it asked for.
+fn name_the_missing(mut rejection: Rejection, state: &AggState, command: &Command) -> Rejection {
+    if rejection.category != vmplane_core::Category::NotFound || state.revision() != 0 {
+        return rejection;
+    }
+    let name = command.name();
+    for cause in &mut rejection.causes {
+        if cause.reason.contains("\"\" not found") {
+            cause.reason =
+                cause
+                    .reason
+                    .replacen("\"\" not found", &format!("\"{name}\" not found"), 1);
+        }
+    }
+    rejection
+}
+
+fn decide_on_kind(
+    state: &AggState,
+    command: &Command,
+    ctx: &mut Ctx,
+) -> Result<Decision, Rejection> {
     match (state, command) {
         (AggState::Vm(s), Command::Vm { command, .. }) => vm::decide(s, command, ctx),
         (AggState::Vmi(s), Command::Vmi { command, .. }) => vmi::decide(s, command, ctx),

@@ -206,10 +206,9 @@ impl Projections {
                 return ControlFlow::Continue(());
             }
             let kind = event_kind(parsed.kind, event.event_type);
-            if let Some(k) = query.kind
-                && k != kind
-                && !(k == Kind::VirtualMachine && parsed.kind == Kind::VirtualMachine)
-            {
+            // The kind an entry is about, exactly: `--kind vm` leaves out the VMI lifecycle
+            // events of the VM's stream (they are listed as VirtualMachineInstance).
+            if query.kind.is_some_and(|k| k != kind) {
                 return ControlFlow::Continue(());
             }
             match decode(event) {

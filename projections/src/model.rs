@@ -308,6 +308,9 @@ pub struct Snapshot {
     pub created_at_ns: Option<i64>,
     /// The VM object serialized once for the states that share it (VM streams only).
     pub(crate) vm_json: VmJson,
+    /// In a VM's stream, the position of the last event about its VMI (`Vmi…`): the VMI's
+    /// `resourceVersion` (`Position(0)` for none).
+    pub vmi_position: Position,
 }
 
 impl Snapshot {
@@ -320,6 +323,7 @@ impl Snapshot {
             recorded_at_ns: 0,
             created_at_ns: None,
             vm_json: VmJson::default(),
+            vmi_position: Position(0),
         }
     }
 
@@ -358,6 +362,9 @@ impl Snapshot {
         }
         self.position = event.position;
         self.recorded_at_ns = event.recorded_at.0;
+        if matches!(self.state, AggState::Vm(_)) && event.event_type.starts_with("Vmi") {
+            self.vmi_position = event.position;
+        }
         Ok(())
     }
 }

@@ -464,6 +464,24 @@ impl Projections {
             .and_then(|(snapshot, features, now_ms)| render(&snapshot, kind, &features, now_ms)))
     }
 
+    /// The namespace and name of the KubeVirt object at `position` (its stream,
+    /// `cluster/config`, is named after no object): as it stood after the event at `position`,
+    /// or, when that event deleted it, just before. `None` if there was none.
+    pub fn cluster_config_identity(&self, position: Position) -> Result<Option<(String, String)>> {
+        for at in [position, Position(position.0.saturating_sub(1))] {
+            if let Some(view) = self.get_at(Kind::KubeVirt, "", "", At::Position(at))? {
+                let namespace = view
+                    .object
+                    .pointer("/metadata/namespace")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                return Ok(Some((namespace, view.name)));
+            }
+        }
+        Ok(None)
+    }
+
     /// [`Projections::get_at`] as the gateway answers it: the same object as JSON text (byte
     /// for byte `get_at(..).object.to_string()`). A VM is rendered from its stored object's
     /// text, serialized once per object and shared by the states folded from one snapshot,

@@ -354,7 +354,8 @@ fn render_vm_vmi(snapshot: &Snapshot, s: &VmState) -> Option<ObjectView> {
         "namespace": s.namespace,
         "uid": run.uid.to_string(),
         "generation": 1,
-        "resourceVersion": snapshot.position.0.to_string(),
+        // The VMI's own last event, not the VM's (a spec edit of the VM does not change it).
+        "resourceVersion": snapshot.vmi_position.0.to_string(),
         "creationTimestamp": rfc3339(run.launched_at_ms.saturating_mul(1_000_000)),
         "ownerReferences": [{
             "apiVersion": "kubevirt.io/v1",
@@ -407,7 +408,7 @@ fn render_vm_vmi(snapshot: &Snapshot, s: &VmState) -> Option<ObjectView> {
         name: s.name.clone(),
         uid: Some(run.uid.to_string()),
         generation: 1,
-        resource_version: snapshot.position,
+        resource_version: snapshot.vmi_position,
         object,
     })
 }

@@ -33,14 +33,24 @@ pub struct WatchEvent {
 /// Which changes a watch delivers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WatchFilter {
-    /// Only this kind (VMI events in a VM's stream count for VirtualMachineInstance, and for
-    /// VirtualMachine too since they change its status).
+    /// Only this kind. VMI events in a VM's stream count for VirtualMachineInstance, and for
+    /// VirtualMachine too since they change its status (and its resourceVersion): a watch of
+    /// VMs delivers them as changes of the VM, kind VirtualMachine.
     pub kind: Option<Kind>,
     /// Only this namespace.
     pub namespace: Option<String>,
 }
 
 impl WatchFilter {
+    /// The kind an admitted event is delivered as: what it is about, except that a watch of
+    /// VMs sees the VMI events of a VM's stream as changes of the VM.
+    fn reported_kind(&self, stream_kind: Kind, event_type: &str) -> Kind {
+        match self.kind {
+            Some(k) if k == stream_kind => k,
+            _ => event_kind(stream_kind, event_type),
+        }
+    }
+
     fn admits(&self, stream_kind: Kind, event_type: &str, namespace: &str) -> bool {
         if self.namespace.as_deref().is_some_and(|n| n != namespace) {
             return false;
@@ -114,7 +124,11 @@ impl Watch {
                         time: rfc3339_nanos(e.recorded_at.0),
                         actor: e.actor.clone(),
                         namespace: namespace.to_owned(),
-                        kind: event_kind(parsed.kind, &e.event_type).as_str().to_owned(),
+                        kind: self
+                            .filter
+                            .reported_kind(parsed.kind, &e.event_type)
+                            .as_str()
+                            .to_owned(),
                         name: parsed.name.to_owned(),
                         event: e.event_type.clone(),
                     })

@@ -559,3 +559,18 @@ fn one_restore_at_a_time_per_data_directory_and_never_over_an_existing_one() {
     assert_eq!(std::fs::read_dir(&empty).expect("ls").count(), 0);
     assert!(leftovers().is_empty(), "{:?}", leftovers());
 }
+
+#[test]
+fn verify_of_a_directory_a_server_holds_says_to_stop_it_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let _server = Server::start(&data, &["--hypervisor", "none"]);
+    let (code, _, err) = admin(&["verify", "--data", data.to_str().expect("utf-8")]);
+    assert_ne!(code, 0);
+    let line = vmplane_tests::one_error_line(&err);
+    assert!(
+        line.contains("in use by another process") && line.contains("stop it first"),
+        "{line}"
+    );
+    assert!(!line.contains("WouldBlock"), "no raw OS error: {line}");
+}

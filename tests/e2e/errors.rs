@@ -290,6 +290,20 @@ fn an_unknown_kind_is_refused_listing_the_known_ones() {
         grpc_apply(manifest, "errors-kind", None).code(),
         Code::InvalidArgument
     );
+    // Documents are counted from 1, whichever side found the problem: the server (an unknown
+    // kind in the second document) or the client (a syntax error in the second).
+    let two = format!("{}---\n{manifest}", vm_manifest("kind-ok", &[]));
+    let (code, _, err) = apply_stdin(&vmplane, &two, &["-n", "errors-kind"]);
+    assert_ne!(code, 0);
+    let line = one_error_line(&err);
+    assert!(
+        line.contains("document 2:") && line.contains("Gadget"),
+        "{line}"
+    );
+    let broken = format!("{}---\nkind: [\n", vm_manifest("kind-ok2", &[]));
+    let (code, _, err) = apply_stdin(&vmplane, &broken, &["-n", "errors-kind"]);
+    assert_ne!(code, 0);
+    assert!(one_error_line(&err).contains("document 2:"), "{err}");
 }
 
 #[test]
@@ -375,10 +389,20 @@ fn a_missing_object_is_not_found_and_a_bad_time_is_invalid() {
         &["history", "vm", "ghost", "-n", ns],
         &["expand", "vm", "ghost", "-n", ns],
         &["delete", "vm", "ghost", "-n", ns],
+        &["stop", "ghost", "-n", ns],
+        &["delete", "vmi", "ghost", "-n", ns],
+        &["delete", "instancetype", "ghost", "-n", ns],
     ] {
         let line = vmplane.fails(args);
         assert!(line.contains("ghost"), "{args:?}: {line}");
+        // The reason names the object too, not an empty name (`"" not found`).
+        assert!(!line.contains("\"\""), "{args:?}: {line}");
     }
+    let line = vmplane.fails(&["delete", "vm", "ghost", "-n", ns]);
+    assert!(
+        line.contains("virtualmachines.kubevirt.io \"ghost\" not found"),
+        "{line}"
+    );
     apply_stdin(&vmplane, &example("vm.yaml"), &["-n", ns]);
     let line = vmplane.fails(&["get", "vm", "demo", "-n", ns, "--as-of", "yesterday"]);
     assert!(

@@ -39,7 +39,8 @@ fn metrics_count_requests_by_method_and_code_and_report_vms_by_status() {
     for want in [
         r#"vmplane_grpc_server_handled_total{method="/vmplane.v1.Objects/Apply",code="Ok"} 1"#,
         r#"vmplane_grpc_server_handled_total{method="/vmplane.v1.Objects/Get",code="NotFound"} 1"#,
-        r#"vmplane_grpc_server_handling_seconds_count{method="/vmplane.v1.Objects/Apply"} 1"#,
+        r#"vmplane_grpc_server_handling_seconds_count{method="/vmplane.v1.Objects/Apply",code="Ok"} 1"#,
+        r#"vmplane_grpc_server_handling_seconds_count{method="/vmplane.v1.Objects/Get",code="NotFound"} 1"#,
         "vmplane_log_head_position 1",
         "vmplane_projection_lag_events 0",
         r#"vmplane_vms{status="Stopped"} 1"#,
@@ -47,4 +48,14 @@ fn metrics_count_requests_by_method_and_code_and_report_vms_by_status() {
     ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
+    // The body is OpenMetrics text (`# EOF` last, `_total` only on samples), so the content
+    // type must say so: a scraper told `text/plain; version=0.0.4` parses it as the older format.
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers, then the body");
+    assert!(
+        head.lines().any(|l| l.eq_ignore_ascii_case(
+            "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"
+        )),
+        "{head}"
+    );
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
 }

@@ -290,6 +290,24 @@ fn every_command_has_help_with_an_example() {
             "{command}'s example does not show it:\n{out}"
         );
     }
+    // The subcommands' own help too.
+    for (parent, sub) in [
+        ("admin", "backup"),
+        ("admin", "restore"),
+        ("admin", "verify"),
+        ("features", "usage"),
+    ] {
+        let (code, out, err) = run_cli(&[parent, sub, "--help"]);
+        assert_eq!(code, 0, "{parent} {sub} --help: {err}");
+        let examples = out
+            .split("Examples:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{parent} {sub} --help has no example:\n{out}"));
+        assert!(
+            examples.contains(&format!("{parent} {sub}")),
+            "{parent} {sub}'s example does not show it:\n{out}"
+        );
+    }
 }
 
 #[test]
@@ -306,6 +324,21 @@ fn completion_prints_a_shell_script() {
     let (code, out, _) = run_cli(&["completion", "zsh"]);
     assert_eq!(code, 0);
     assert!(out.contains("#compdef vmplane"), "{out}");
+
+    // A reader that stops early (`| head -1`): no panic, a quiet success.
+    let mut child = std::process::Command::new(vmplane_tests::vmplane_bin())
+        .args(["completion", "bash"])
+        .env("RUST_BACKTRACE", "0")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn vmplane");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.is_empty(), "{stderr}");
 }
 
 #[test]
@@ -339,4 +372,125 @@ fn output_piped_to_a_reader_that_stops_early_ends_quietly() {
         stderr.is_empty(),
         "nothing to say to a reader that left: {stderr}"
     );
+}
+
+/// The first `n` lines of `vmplane watch ARGS -o json`, parsed.
+fn watch_lines(vmplane: &Cli, args: &[&str], n: usize) -> Vec<Value> {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["-o", "json"]);
+    let mut watch = vmplane.spawn(&all);
+    let stdout = watch.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut events = Vec::new();
+    while events.len() < n {
+        let line = lines
+            .next()
+            .expect("watch ended early")
+            .expect("read watch output");
+        events.push(json(&line));
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    events
+}
+
+#[test]
+fn audit_and_watch_name_the_kubevirt_object_and_filter_by_the_kind_an_event_is_about() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = vmplane_tests::Server::start(&dir.path().join("data"), &[]);
+    let vmplane = Cli::new(&server);
+    // Nothing yet: a cluster-scoped kind names no namespace when it has none to show.
+    let (code, out, err) = vmplane.run(&["get", "clusterpreferences"]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (0, "", "No resources found.\n")
+    );
+    let kubevirt = "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata:\n  name: kubevirt\n  namespace: kubevirt\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [Snapshot]\n";
+    let (code, _, err) = vmplane.run_with_stdin(&["apply", "-f", "-"], kubevirt);
+    assert_eq!(code, 0, "{err}");
+    let vm = repo_root().join("examples").join("vm.yaml");
+    vmplane.ok(&["apply", "-f", vm.to_str().expect("utf-8")]);
+    vmplane.ok(&["start", "demo"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (code, out, _) = vmplane.run(&["get", "vmi", "demo", "-o", "json"]);
+        if code == 0 && json(&out)["status"]["phase"] == "Running" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the VMI never ran");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    // A VMI's resourceVersion is its own last event's position: an edit of the VM (a later
+    // event of the same stream) moves the VM's, not the VMI's.
+    let rv = |kind: &str| -> u64 {
+        let object = json(&vmplane.ok(&["get", kind, "demo", "-o", "json"]));
+        object["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .expect("a decimal resourceVersion")
+    };
+    let vmi_before = rv("vmi");
+    let bigger = repo_root().join("examples").join("vm-bigger.yaml");
+    vmplane.ok(&["apply", "-f", bigger.to_str().expect("utf-8")]);
+    assert!(rv("vm") > vmi_before, "the edit is a later event");
+    assert_eq!(rv("vmi"), vmi_before, "the VMI did not change");
+    let last_vmi_entry = json(&vmplane.ok(&["audit", "--kind", "vmi", "-o", "json"]))
+        .as_array()
+        .and_then(|a| a.last().cloned())
+        .expect("the VMI's entries");
+    assert_eq!(last_vmi_entry["position"].as_u64(), Some(vmi_before));
+
+    // The KubeVirt object lives in the stream `cluster/config`: its entries still name it.
+    let audit = json(&vmplane.ok(&["audit", "-A", "-o", "json"]));
+    let entries = audit.as_array().expect("a list");
+    let kv: Vec<&Value> = entries.iter().filter(|e| e["kind"] == "KubeVirt").collect();
+    assert_eq!(kv.len(), 1, "{audit}");
+    assert_eq!(
+        (kv[0]["namespace"].as_str(), kv[0]["name"].as_str()),
+        (Some("kubevirt"), Some("kubevirt")),
+        "{}",
+        kv[0]
+    );
+    let first = watch_lines(&vmplane, &["watch", "-A", "--from-position", "0"], 1);
+    assert_eq!(first[0]["kind"], "KubeVirt");
+    assert_eq!(
+        (first[0]["namespace"].as_str(), first[0]["name"].as_str()),
+        (Some("kubevirt"), Some("kubevirt"))
+    );
+
+    // --kind is the kind an entry is about: the VMI's events are not VM entries.
+    let kinds = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["audit", "-o", "json"];
+        all.extend_from_slice(args);
+        json(&vmplane.ok(&all))
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|e| e["kind"].as_str().expect("kind").to_owned())
+            .collect()
+    };
+    let vms = kinds(&["--kind", "vm"]);
+    let vmis = kinds(&["--kind", "vmi"]);
+    assert!(
+        !vms.is_empty() && vms.iter().all(|k| k == "VirtualMachine"),
+        "{vms:?}"
+    );
+    assert!(
+        !vmis.is_empty() && vmis.iter().all(|k| k == "VirtualMachineInstance"),
+        "{vmis:?}"
+    );
+    assert_eq!(
+        vms.len() + vmis.len(),
+        kinds(&[]).len(),
+        "every entry of the namespace is one or the other"
+    );
+    // A watch of VMs delivers the VMI's events as changes of the VM (its status moved):
+    // every line it writes says VirtualMachine; a watch of VMIs, VirtualMachineInstance.
+    let total = vms.len() + vmis.len();
+    for (kind, want) in [("vms", "VirtualMachine"), ("vmi", "VirtualMachineInstance")] {
+        let n = if kind == "vms" { total } else { vmis.len() };
+        let lines = watch_lines(&vmplane, &["watch", kind, "--from-position", "0"], n);
+        assert!(lines.iter().all(|l| l["kind"] == want), "{kind}: {lines:?}");
+    }
 }

@@ -865,3 +865,47 @@ fn a_paged_list_of_all_namespaces_shows_a_reader_only_its_own_not_even_in_its_to
         assert_eq!(names(&paged), names(&whole.items));
     });
 }
+
+#[test]
+fn the_feature_list_counts_only_the_vms_a_reader_may_read() {
+    let ops = cli(Caller::Ops);
+    let manifest = r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"feat-hostdev"},
+"spec":{"runStrategy":"Halted","template":{"spec":{"domain":{"cpu":{"cores":1},"memory":{"guest":"128Mi"},
+"devices":{"hostDevices":[{"name":"gpu","deviceName":"example.com/gpu"}]}}}}}}"#;
+    let (code, _, err) = ops.run_with_stdin(&["apply", "-f", "-", "-n", "team-b"], manifest);
+    assert_eq!(code, 0, "{err}");
+    let used_by = |caller: Caller| -> (u64, usize) {
+        let features: Value =
+            serde_json::from_str(&cli(caller).ok(&["features", "-o", "json"])).expect("JSON");
+        let count = features
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|f| f["name"] == "HostDevices")
+            .and_then(|f| f["usedBy"].as_u64())
+            .expect("HostDevices with usedBy");
+        let users: Value = serde_json::from_str(&cli(caller).ok(&[
+            "features",
+            "usage",
+            "HostDevices",
+            "-o",
+            "json",
+        ]))
+        .expect("JSON");
+        (count, users["usedBy"].as_array().map_or(0, Vec::len))
+    };
+    let (all, listed) = used_by(Caller::Ops);
+    assert!(all >= 1 && listed >= 1, "the admin counts the VM in team-b");
+    // alice (team-a, shared) and vera (team-a) cannot read team-b: its VM is not counted.
+    for caller in [Caller::Alice, Caller::Vera] {
+        let (count, listed) = used_by(caller);
+        assert_eq!(
+            count as usize, listed,
+            "{caller:?}: the count is what it may list"
+        );
+        assert!(
+            count < all,
+            "{caller:?} counts a VM of team-b: {count} of {all}"
+        );
+    }
+}

@@ -198,6 +198,14 @@ fn snapshot_restore_and_clone_through_the_shorthands() {
     // Restoring a snapshot that does not exist: the restore fails, the command says so.
     let err = cli.fails(&["restore", "demo", "--snapshot", "nope"]);
     assert!(err.contains("nope"), "{err}");
+
+    // A clone onto a name that is taken fails, and the command says why (the clone's `Ready`
+    // condition holds the reason; a bare "failed" does not help).
+    let err = cli.fails(&["clone", "demo", "demo2", "--clone-name", "c3"]);
+    assert!(
+        err.contains("VirtualMachineClone c3") && err.contains("demo2 already exists"),
+        "{err}"
+    );
 }
 
 #[test]

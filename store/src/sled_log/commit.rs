@@ -90,9 +90,11 @@ impl Slot {
             *state = value;
             lock(&self.waker).take()
         };
-        self.ready.notify_one();
-        if let Some(waker) = waker {
-            waker.wake();
+        // A slot with a waker belongs to a submitted append's future: no thread sleeps on
+        // `ready`, and a notify would still cost a futex call (one per append of the group).
+        match waker {
+            Some(waker) => waker.wake(),
+            None => self.ready.notify_one(),
         }
     }
 

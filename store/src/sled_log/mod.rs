@@ -955,10 +955,17 @@ fn open_sled(config: &sled::Config) -> Result<sled::Db> {
     loop {
         match config.open() {
             Ok(db) => return Ok(db),
-            Err(sled::Error::Io(err))
-                if err.to_string().contains("could not acquire lock")
-                    && Instant::now() < deadline =>
-            {
+            Err(sled::Error::Io(err)) if err.to_string().contains("could not acquire lock") => {
+                if Instant::now() >= deadline {
+                    // Another process holds the directory (sled locks its `db` file).
+                    return Err(Error::Unavailable {
+                        reason: format!(
+                            "{} is in use by another process (a running `vmplane serve`?): \
+                             stop it first, or work on a copy",
+                            config.path.display()
+                        ),
+                    });
+                }
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(err) => return Err(engine("opening sled")(err)),
