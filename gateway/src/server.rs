@@ -119,9 +119,26 @@ pub async fn serve(
             .with_sagas(Some(sagas.clone())),
     );
 
+    // Every vmplane service answers SERVING by its name (`grpc.health.v1.Health/Check` with
+    // `service: "vmplane.v1.Objects"`), as the overall server ("") does.
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<pb::admin_server::AdminServer<AdminService>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::objects_server::ObjectsServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::lifecycle_server::LifecycleServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::history_server::HistoryServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::cluster_server::ClusterServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::watch_server::WatchServer<Api>>()
         .await;
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
