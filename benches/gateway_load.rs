@@ -269,6 +269,8 @@ fn main() -> anyhow::Result<()> {
         backend: Backend::Sled,
         auth: None,
         metrics_listen: None,
+        tls_cert: None,
+        tls_key: None,
         etcd_endpoints: Vec::new(),
         etcd_prefix: "vmplane".into(),
         etcd_max_txn_ops: 128,

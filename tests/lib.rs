@@ -169,6 +169,12 @@ impl Server {
         }
     }
 
+    /// `https://ADDR`: the URL of a server started with `--tls-cert`/`--tls-key` (`url` keeps
+    /// `http://`, for tests of what a plaintext client meets).
+    pub fn https_url(&self) -> String {
+        format!("https://{}", self.url.trim_start_matches("http://"))
+    }
+
     /// The server process's id (for fault tests that signal it).
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -314,12 +320,13 @@ pub fn kubevirt_testdata() -> PathBuf {
     base.join("kubevirt")
 }
 
-/// The `vmplane` client pointed at one server, with an optional token. The environment's
-/// `VMPLANE_SERVER` and `VMPLANE_TOKEN` are ignored.
+/// The `vmplane` client pointed at one server, with an optional token and CA certificate. The
+/// environment's `VMPLANE_SERVER`, `VMPLANE_TOKEN` and `VMPLANE_CA_CERT` are ignored.
 #[derive(Debug, Clone)]
 pub struct Cli {
     server: String,
     token: Option<String>,
+    ca_cert: Option<PathBuf>,
 }
 
 impl Cli {
@@ -333,14 +340,23 @@ impl Cli {
         Cli {
             server: url.to_string(),
             token: None,
+            ca_cert: None,
         }
     }
 
     /// The same client, sending `token`.
     pub fn with_token(&self, token: &str) -> Cli {
         Cli {
-            server: self.server.clone(),
             token: Some(token.to_string()),
+            ..self.clone()
+        }
+    }
+
+    /// The same client, verifying an `https://` server against the CA in `ca_cert`.
+    pub fn with_ca_cert(&self, ca_cert: &Path) -> Cli {
+        Cli {
+            ca_cert: Some(ca_cert.to_path_buf()),
+            ..self.clone()
         }
     }
 
@@ -351,9 +367,13 @@ impl Cli {
             .arg("--server")
             .arg(&self.server)
             .env_remove("VMPLANE_SERVER")
-            .env_remove("VMPLANE_TOKEN");
+            .env_remove("VMPLANE_TOKEN")
+            .env_remove("VMPLANE_CA_CERT");
         if let Some(token) = &self.token {
             command.arg("--token").arg(token);
+        }
+        if let Some(ca_cert) = &self.ca_cert {
+            command.arg("--ca-cert").arg(ca_cert);
         }
         command
     }

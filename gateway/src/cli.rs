@@ -17,7 +17,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
   vmplane start demo && vmplane get vmi demo
   vmplane history vm demo && vmplane diff vm demo --from 1
   vmplane get vm demo --revision 1 -o yaml
-  vmplane audit -A")]
+  vmplane audit -A
+  vmplane --server https://vmplane.example:50051 --ca-cert ca.pem get vms   # over TLS")]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
@@ -36,6 +37,13 @@ pub struct GlobalArgs {
         default_value = "http://127.0.0.1:50051"
     )]
     pub server: String,
+
+    /// PEM file of the CA (one or more certificates) to verify an https:// --server against.
+    /// Without it an https:// server must present a certificate from a public CA (the webpki
+    /// roots built into vmplane). An https:// server is always reached over TLS, never in
+    /// plaintext; http:// is plaintext.
+    #[arg(long, global = true, value_name = "FILE", env = "VMPLANE_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
 
     /// Bearer token (when the server runs with --auth).
     #[arg(long, global = true, env = "VMPLANE_TOKEN", hide_env_values = true)]
@@ -69,6 +77,8 @@ pub enum Command {
   vmplane serve --data ./vmplane-data --listen 127.0.0.1:50051
   vmplane serve --listen 127.0.0.1:0   # any free port; the ready line says which
   vmplane serve --listen 0.0.0.0:50051 --auth auth.yaml
+  vmplane serve --listen 0.0.0.0:50051 --auth auth.yaml \\
+      --tls-cert server.pem --tls-key server-key.pem   # clients: --server https://HOST:50051
   vmplane serve --hypervisor node1=qemu:///system --hypervisor node2=qemu+ssh://host2/system
   vmplane serve --hypervisor none        # no reconciler: the control plane only")]
     Serve(ServeArgs),
@@ -342,9 +352,19 @@ pub struct ServeArgs {
     )]
     pub hypervisor: Vec<String>,
 
-    /// Serve Prometheus metrics at http://ADDR/metrics.
+    /// Serve Prometheus metrics at http://ADDR/metrics (plain HTTP, even with --tls-cert).
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// Serve gRPC over TLS only, presenting this certificate (PEM; the server's certificate
+    /// first, then any intermediates). Needs --tls-key. Clients then connect with
+    /// --server https://HOST:PORT; the metrics endpoint stays plain HTTP.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC). Needs --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 
     /// Tokens (as SHA-256 digests), principals and roles, in YAML. Without it every request
     /// acts as principal `local` (admin) and only loopback listening is allowed.

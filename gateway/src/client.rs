@@ -6,7 +6,6 @@ use std::io::{IsTerminal, Read, Write};
 use anyhow::{Context, anyhow, bail};
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
-use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use crate::cli::{
@@ -15,6 +14,7 @@ use crate::cli::{
 };
 use crate::pb;
 use crate::print;
+use crate::tls::ClientChannel;
 
 /// Exit status of `diff` when the revisions differ.
 pub const DIFF_DIFFERENT_EXIT: u8 = 1;
@@ -36,7 +36,7 @@ impl Interceptor for TokenInterceptor {
     }
 }
 
-type Intercepted = tonic::service::interceptor::InterceptedService<Channel, TokenInterceptor>;
+type Intercepted = tonic::service::interceptor::InterceptedService<ClientChannel, TokenInterceptor>;
 
 /// Connected clients for every service.
 pub struct Clients {
@@ -53,16 +53,7 @@ pub const CLIENT_MESSAGE_BYTES_MAX: usize = 64 << 20;
 impl Clients {
     /// Connects to `--server`.
     pub async fn connect(global: &GlobalArgs) -> anyhow::Result<Clients> {
-        let channel = Channel::from_shared(global.server.clone())
-            .map_err(|e| anyhow!("--server {}: not a valid URL: {e}", global.server))?
-            .connect()
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot reach the vmplane server at {} (is `vmplane serve` running? set --server or VMPLANE_SERVER)",
-                    global.server
-                )
-            })?;
+        let channel = connect_channel(global).await?;
         let token = match &global.token {
             Some(t) => Some(
                 format!("Bearer {t}")
@@ -91,6 +82,14 @@ impl Clients {
             cluster: pb::cluster_client::ClusterClient::with_interceptor(channel, i),
         })
     }
+}
+
+/// A channel to `--server`: TLS for `https://` (verified against `--ca-cert`, else the webpki
+/// roots; never plaintext), plaintext for `http://`. A failure is one line naming what failed.
+pub async fn connect_channel(global: &GlobalArgs) -> anyhow::Result<ClientChannel> {
+    let ca_cert = global.ca_cert.as_deref();
+    let endpoint = crate::tls::client_endpoint(&global.server, ca_cert)?;
+    crate::tls::connect(endpoint, &global.server, ca_cert).await
 }
 
 /// A gRPC error as one line: the server's message already names the object and field.

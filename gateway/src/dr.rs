@@ -1026,11 +1026,7 @@ impl Progress {
 /// `vmplane admin backup --out FILE`.
 pub async fn backup(global: &crate::cli::GlobalArgs, out: &Path) -> anyhow::Result<()> {
     let started = Instant::now();
-    let channel = tonic::transport::Channel::from_shared(global.server.clone())
-        .map_err(|e| anyhow!("--server {}: not a valid URL: {e}", global.server))?
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach the vmplane server at {}", global.server))?;
+    let channel = crate::client::connect_channel(global).await?;
     let token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> = match &global.token
     {
         Some(t) => Some(

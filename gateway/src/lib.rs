@@ -9,6 +9,7 @@
 //! - [`cli`]: the `vmplane` command line (clap), shared by the binary and tests;
 //! - [`server`]: opens the log, builds the services, serves until SIGTERM/SIGINT;
 //! - [`services`]: the gRPC service implementations;
+//! - [`tls`]: the server's certificate and key, the client's CA, handshake failures in one line;
 //! - [`pb`]: the generated protobuf types.
 //!
 //! **Must never** hold a domain rule (they live in `core`), or block a tokio worker on storage
@@ -27,6 +28,7 @@ pub mod sagas;
 pub mod server;
 pub mod services;
 pub mod status;
+pub mod tls;
 
 /// Generated protobuf types and the encoded descriptor set (for server reflection).
 pub mod pb {

@@ -14,6 +14,7 @@ mod permissions;
 mod qemu;
 mod serve;
 mod snapshots;
+mod tls;
 mod walkthrough;
 mod watch;
 

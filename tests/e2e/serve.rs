@@ -48,6 +48,41 @@ fn serve_answers_health_checks_as_serving() {
 }
 
 #[test]
+fn serve_answers_health_checks_for_every_vmplane_service_by_name() {
+    use vmplane_gateway::pb;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &[]);
+    rt().block_on(async {
+        let mut health = HealthClient::new(channel(&server).await);
+        for service in [
+            pb::objects_server::SERVICE_NAME,
+            pb::lifecycle_server::SERVICE_NAME,
+            pb::history_server::SERVICE_NAME,
+            pb::watch_server::SERVICE_NAME,
+            pb::cluster_server::SERVICE_NAME,
+            pb::admin_server::SERVICE_NAME,
+        ] {
+            let resp = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap_or_else(|status| panic!("health check of {service}: {status}"))
+                .into_inner();
+            assert_eq!(resp.status(), ServingStatus::Serving, "service {service:?}");
+        }
+        // A name no service has is still NOT_FOUND.
+        let unknown = health
+            .check(HealthCheckRequest {
+                service: "vmplane.v1.NoSuchService".into(),
+            })
+            .await
+            .expect_err("an unknown service is not found");
+        assert_eq!(unknown.code(), tonic::Code::NotFound);
+    });
+}
+
+#[test]
 fn serve_lists_its_services_through_reflection() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Server::start(&dir.path().join("data"), &[]);

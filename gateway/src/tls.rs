@@ -1,0 +1,440 @@
+//! TLS at the edge: the server's certificate and key (`serve --tls-cert/--tls-key`), the CA a
+//! client verifies an `https://` server against (`--ca-cert`), and one clear line for a
+//! handshake that failed.
+//!
+//! Reading order: [`ServerTls::load`] (both files or neither, each read and parsed here so a
+//! bad file is refused at startup naming its flag and path), [`client_endpoint`] (the scheme
+//! decides: `https://` is TLS and never falls back to plaintext, `http://` is plaintext),
+//! [`connect`] and [`explain_connect_failure`] (why a handshake failed, and what to check; a
+//! plaintext call a TLS server hung up on says so too).
+//!
+//! rustls with the `ring` provider does the work, through tonic. This module never relaxes a
+//! verification (no "insecure" switch) and never reads a file the user did not name: without
+//! `--ca-cert` a client trusts the webpki roots compiled into the binary.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tonic::transport::{
+    Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
+};
+
+/// How long a TLS handshake may take, in milliseconds, on either side: a peer that opens a
+/// connection and says nothing does not hold it longer.
+pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+
+/// A TLS file (or pair of flags) that cannot be used. Each names the flag and, for a file, its
+/// path and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFileError {
+    /// `--tls-cert` without `--tls-key`.
+    #[error(
+        "--tls-cert {}: --tls-key is missing (TLS needs both the certificate and its private key, \
+         or neither for plaintext)",
+        cert.display()
+    )]
+    MissingKey { cert: PathBuf },
+    /// `--tls-key` without `--tls-cert`.
+    #[error(
+        "--tls-key {}: --tls-cert is missing (TLS needs both the certificate and its private key, \
+         or neither for plaintext)",
+        key.display()
+    )]
+    MissingCert { key: PathBuf },
+    /// The file cannot be read.
+    #[error("{flag} {}: cannot read: {error}", path.display())]
+    Unreadable {
+        flag: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The file was read but does not hold what the flag needs.
+    #[error("{flag} {}: {reason}", path.display())]
+    Invalid {
+        flag: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+}
+
+/// The server's TLS identity: a certificate chain and its private key, checked to belong
+/// together.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+}
+
+impl ServerTls {
+    /// `None` when neither flag is given (plaintext); the identity when both are, read and
+    /// checked now: PEM certificates, a PEM private key rustls can sign with, and the key the
+    /// first certificate names.
+    pub fn load(
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<Option<ServerTls>, TlsFileError> {
+        let (cert, key) = match (cert, key) {
+            (None, None) => return Ok(None),
+            (Some(cert), None) => {
+                return Err(TlsFileError::MissingKey {
+                    cert: cert.to_path_buf(),
+                });
+            }
+            (None, Some(key)) => {
+                return Err(TlsFileError::MissingCert {
+                    key: key.to_path_buf(),
+                });
+            }
+            (Some(cert), Some(key)) => (cert, key),
+        };
+        let cert_pem = read("--tls-cert", cert)?;
+        let chain = certificates("--tls-cert", cert, &cert_pem)?;
+        let key_pem = read("--tls-key", key)?;
+        let private_key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|err| {
+            invalid(
+                "--tls-key",
+                key,
+                match err {
+                    pem::Error::NoItemsFound => "no PEM private key found (expected a \
+                                                 `PRIVATE KEY`, `RSA PRIVATE KEY` or `EC PRIVATE \
+                                                 KEY` block)"
+                        .to_string(),
+                    other => pem_reason(other),
+                },
+            )
+        })?;
+        let provider = rustls::crypto::ring::default_provider();
+        rustls::sign::CertifiedKey::from_der(chain, private_key, &provider).map_err(
+            |err| match err {
+                rustls::Error::InconsistentKeys(_) => invalid(
+                    "--tls-key",
+                    key,
+                    format!(
+                        "is not the private key of the certificate in --tls-cert {}",
+                        cert.display()
+                    ),
+                ),
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+                    invalid(
+                        "--tls-cert",
+                        cert,
+                        format!("not a usable certificate: {err}"),
+                    )
+                }
+                other => invalid(
+                    "--tls-key",
+                    key,
+                    format!(
+                        "not a usable private key (RSA, ECDSA P-256/P-384 or Ed25519): {other}"
+                    ),
+                ),
+            },
+        )?;
+        Ok(Some(ServerTls { cert_pem, key_pem }))
+    }
+
+    /// tonic's server configuration for this identity (HTTP/2 offered through ALPN).
+    pub fn server_config(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .timeout(Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS))
+    }
+}
+
+/// The endpoint a client connects to: `https://` with TLS, verified against `ca_cert` when
+/// given, else the webpki roots; `http://` in plaintext (and a `ca_cert` then refused: the user
+/// asked for verification a plaintext connection cannot give).
+pub fn client_endpoint(server: &str, ca_cert: Option<&Path>) -> anyhow::Result<Endpoint> {
+    let endpoint = Endpoint::from_shared(server.to_string())
+        .map_err(|e| anyhow::anyhow!("--server {server}: not a valid URL: {e}"))?;
+    let https = endpoint.uri().scheme_str() == Some("https");
+    if !https {
+        if let Some(ca) = ca_cert {
+            anyhow::bail!(
+                "--ca-cert {}: --server {server} is plaintext, so there is no certificate to \
+                 verify; use https:// to connect with TLS",
+                ca.display()
+            );
+        }
+        return Ok(endpoint);
+    }
+    let tls = ClientTlsConfig::new().timeout(Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS));
+    let tls = match ca_cert {
+        Some(path) => {
+            let pem = read("--ca-cert", path)?;
+            certificates("--ca-cert", path, &pem)?;
+            tls.ca_certificate(Certificate::from_pem(pem))
+        }
+        None => tls.with_webpki_roots(),
+    };
+    endpoint
+        .tls_config(tls)
+        .map_err(|e| anyhow::anyhow!("--server {server}: cannot set up TLS: {e}"))
+}
+
+/// What a failed call on a [`ClientChannel`] reports to tonic, which finds a `Status` in it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A connected channel whose failures on a plaintext connection say when a TLS server is the
+/// likely cause (see `plaintext_call_failure`).
+pub type ClientChannel = tower::util::MapErr<Channel, fn(tonic::transport::Error) -> BoxError>;
+
+/// Connects `endpoint` (from [`client_endpoint`]); a failure becomes one line that says what
+/// failed (the TLS handshake and why, or the connection) and what to check.
+pub async fn connect(
+    endpoint: Endpoint,
+    server: &str,
+    ca_cert: Option<&Path>,
+) -> anyhow::Result<ClientChannel> {
+    let https = endpoint.uri().scheme_str() == Some("https");
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|err| explain_connect_failure(&err, server, ca_cert))?;
+    let explain: fn(tonic::transport::Error) -> BoxError = if https {
+        passed_on
+    } else {
+        plaintext_call_failure
+    };
+    Ok(tower::util::MapErr::new(channel, explain))
+}
+
+/// Why connecting to `server` failed, as one line: a TLS handshake's failure says so, names the
+/// certificate problem, and suggests `--ca-cert` or the scheme to check; anything else is the
+/// server not being reachable.
+pub fn explain_connect_failure(
+    err: &(dyn std::error::Error + 'static),
+    server: &str,
+    ca_cert: Option<&Path>,
+) -> anyhow::Error {
+    let https = server
+        .parse::<http::Uri>()
+        .is_ok_and(|uri| uri.scheme_str() == Some("https"));
+    if let Some(tls) = rustls_error(err) {
+        return anyhow::anyhow!("--server {server}: {}", handshake_failure(tls, ca_cert));
+    }
+    if https && connection_dropped(err) {
+        return anyhow::anyhow!(
+            "--server {server}: TLS handshake failed: the server closed the connection ({}); is \
+             it serving TLS? A server started without --tls-cert speaks plaintext (http://); \
+             check the host, the port and the scheme",
+            innermost(err)
+        );
+    }
+    anyhow::anyhow!(
+        "cannot reach the vmplane server at {server}: {} (is `vmplane serve` running? set \
+         --server or VMPLANE_SERVER)",
+        innermost(err)
+    )
+}
+
+/// A plaintext (`http://`) call that failed because the server hung up on it, or answered
+/// with what HTTP/2 cannot read (a TLS alert read as a frame far larger than allowed): the
+/// failure becomes an `Unavailable` status that says so and suggests `https://`, since that is
+/// what a TLS server does with plaintext. Every other failure is passed on as it is.
+fn plaintext_call_failure(err: tonic::transport::Error) -> BoxError {
+    let closed = connection_dropped(&err);
+    if closed || chain_text(&err).contains("frame with invalid size") {
+        let what = if closed {
+            "the server closed the connection"
+        } else {
+            "the server did not answer in plaintext HTTP/2"
+        };
+        return Box::new(tonic::Status::unavailable(format!(
+            "{what} ({}); if it serves TLS (started with --tls-cert), connect with --server \
+             https://HOST:PORT (and --ca-cert for its CA)",
+            innermost(&err)
+        )));
+    }
+    Box::new(err)
+}
+
+fn passed_on(err: tonic::transport::Error) -> BoxError {
+    Box::new(err)
+}
+
+fn handshake_failure(err: &rustls::Error, ca_cert: Option<&Path>) -> String {
+    use rustls::CertificateError as C;
+    let trust = match ca_cert {
+        Some(ca) => format!(
+            "it is not signed by the CA in --ca-cert {}; pass the CA that signed the server's \
+             certificate",
+            ca.display()
+        ),
+        None => "it is not signed by a CA this client trusts; pass the CA that signed it with \
+                 --ca-cert FILE (or VMPLANE_CA_CERT)"
+            .to_string(),
+    };
+    match err {
+        rustls::Error::InvalidCertificate(cert) => match cert {
+            C::UnknownIssuer => {
+                format!("TLS handshake failed: the server's certificate is not trusted: {trust}")
+            }
+            C::NotValidForName | C::NotValidForNameContext { .. } => format!(
+                "TLS handshake failed: the server's certificate is not valid for this host \
+                 ({err}); connect with a name or address the certificate lists"
+            ),
+            C::Expired
+            | C::ExpiredContext { .. }
+            | C::NotValidYet
+            | C::NotValidYetContext { .. } => {
+                format!(
+                    "TLS handshake failed: the server's certificate is outside its validity \
+                     period ({err}); renew it, or check this machine's clock"
+                )
+            }
+            _ => format!("TLS handshake failed: the server's certificate was refused ({err})"),
+        },
+        rustls::Error::InvalidMessage(_) | rustls::Error::PeerMisbehaved(_) => format!(
+            "TLS handshake failed: the server did not answer in TLS ({err}); is it serving TLS? \
+             A server started without --tls-cert speaks plaintext (http://)"
+        ),
+        other => format!("TLS handshake failed: {other}"),
+    }
+}
+
+/// The rustls error somewhere in `err`'s chain (tokio-rustls hands it over inside an
+/// `io::Error`, whose `source` skips it).
+fn rustls_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(inner);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// Whether the peer hung up: what a plaintext server does with a TLS hello.
+fn connection_dropped(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind as K;
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                K::UnexpectedEof | K::ConnectionReset | K::BrokenPipe | K::ConnectionAborted
+            )
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// The innermost error's text (tonic's outer layers say only "transport error").
+fn innermost(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = err;
+    while let Some(next) = last.source() {
+        last = next;
+    }
+    last.to_string()
+}
+
+fn chain_text(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        parts.push(e.to_string());
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
+    std::fs::read(path).map_err(|error| TlsFileError::Unreadable {
+        flag,
+        path: path.to_path_buf(),
+        error,
+    })
+}
+
+/// Every PEM certificate in `pem`; at least one.
+fn certificates(
+    flag: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| invalid(flag, path, pem_reason(err)))?;
+    if certs.is_empty() {
+        return Err(invalid(
+            flag,
+            path,
+            "no PEM certificate found (expected a `CERTIFICATE` block)".to_string(),
+        ));
+    }
+    Ok(certs)
+}
+
+fn pem_reason(err: pem::Error) -> String {
+    match err {
+        pem::Error::MissingSectionEnd { end_marker } => format!(
+            "not valid PEM: a section has no `{}` line",
+            String::from_utf8_lossy(&end_marker)
+        ),
+        pem::Error::IllegalSectionStart { .. } => {
+            "not valid PEM: a section's `-----BEGIN` line is malformed".to_string()
+        }
+        pem::Error::Base64Decode(e) => format!("not valid PEM: bad base64 ({e})"),
+        pem::Error::NoItemsFound => "no PEM item found".to_string(),
+        pem::Error::SectionTooLarge => "not valid PEM: a section is too large".to_string(),
+        other => format!("not valid PEM: {other}"),
+    }
+}
+
+fn invalid(flag: &'static str, path: &Path, reason: String) -> TlsFileError {
+    TlsFileError::Invalid {
+        flag,
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_certificate_without_a_key_is_refused_naming_tls_key() {
+        let err = ServerTls::load(Some(Path::new("cert.pem")), None).expect_err("refused");
+        assert!(err.to_string().contains("--tls-key is missing"), "{err}");
+        let err = ServerTls::load(None, Some(Path::new("key.pem"))).expect_err("refused");
+        assert!(err.to_string().contains("--tls-cert is missing"), "{err}");
+        assert!(ServerTls::load(None, None).expect("plaintext").is_none());
+    }
+
+    #[test]
+    fn a_ca_cert_with_a_plaintext_server_is_refused() {
+        let err =
+            client_endpoint("http://127.0.0.1:1", Some(Path::new("ca.pem"))).expect_err("refused");
+        assert!(err.to_string().contains("--ca-cert ca.pem"), "{err}");
+        assert!(client_endpoint("http://127.0.0.1:1", None).is_ok());
+    }
+
+    #[test]
+    fn a_ca_file_without_certificates_is_refused_naming_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, "not a certificate\n").expect("write");
+        let err = client_endpoint("https://127.0.0.1:1", Some(&path)).expect_err("refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("--ca-cert") && text.contains("ca.pem"),
+            "{text}"
+        );
+        assert!(text.contains("no PEM certificate"), "{text}");
+    }
+}
