@@ -179,26 +179,29 @@ fn describe(kind: Kind, namespace: &str, name: &str) -> String {
 /// JSON says (the CLI sends JSON), `manifest` otherwise. Only JSON is read here: its parser has
 /// a depth limit and no aliases, and the text is already within the request size limit.
 fn manifest_context(text: &str, namespace: &str) -> String {
-    let fallback = "manifest".to_string();
-    if text.len() > vmplane_core::limits::MANIFEST_BYTES_MAX {
-        return fallback;
-    }
-    let Ok(doc) = serde_json::from_str::<serde_json::Value>(text) else {
-        return fallback;
-    };
+    // Named even when over the manifest limit: the request limit bounds what is parsed here.
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|doc| manifest_name(&doc, namespace))
+        .unwrap_or_else(|| "manifest".to_string())
+}
+
+/// `KIND NAMESPACE/NAME` (`KIND NAME` when cluster-scoped) of a manifest's document, its
+/// namespace defaulting to `namespace`; `None` without a kind and a name.
+pub fn manifest_name(doc: &serde_json::Value, namespace: &str) -> Option<String> {
     let field = |path: &str| doc.pointer(path).and_then(|v| v.as_str()).unwrap_or("");
     let (kind, name) = (field("/kind"), field("/metadata/name"));
     if kind.is_empty() || name.is_empty() {
-        return fallback;
+        return None;
     }
     let namespace = match field("/metadata/namespace") {
         "" => namespace_or_default(namespace),
         ns => ns.to_string(),
     };
-    match Kind::from_cli_name(kind) {
+    Some(match Kind::from_cli_name(kind) {
         Some(kind) => describe(kind, &namespace, name),
         None => format!("{kind} {name}"),
-    }
+    })
 }
 
 fn to_pb(view: vmplane_projections::render::ObjectJson) -> pb::Object {
@@ -554,21 +557,55 @@ impl pb::objects_server::Objects for Api {
         };
         let projections = self.projections.clone();
         let min = (r.min_position > 0).then_some(Position(r.min_position));
-        let (at, after) = match r.continue_token.as_str() {
+        // A point in the past for the first page; a later page's token carries the first's.
+        let past = match r.at.and_then(|a| a.at) {
+            None => None,
+            Some(pb::point_in_time::At::Revision(_)) => {
+                return Err(Status::invalid_argument(
+                    "at.revision: a list has no revision: list it at a position or an instant \
+                     (at.position, at.as_of; `vmplane get vms --at-position P` or `--as-of T`)",
+                ));
+            }
+            Some(pb::point_in_time::At::Position(p)) => Some(At::Position(Position(p))),
+            Some(pb::point_in_time::At::AsOf(t)) => Some(At::Time(parse_time("as_of", &t)?)),
+        };
+        let (token_at, after) = match r.continue_token.as_str() {
             "" => (None, None),
             token => {
                 let (at, after) = parse_continue(token)?;
                 (Some(at), Some(after))
             }
         };
-        let page = vmplane_projections::ListPage {
-            min_position: min,
-            at,
-            after,
-            limit: (r.limit > 0).then_some(r.limit as usize),
-            namespaces: readable,
-        };
+        let log = Arc::clone(&self.log);
+        let limit = (r.limit > 0).then_some(r.limit as usize);
         blocking(move || {
+            let at = match (token_at, past) {
+                (Some(at), _) => Some(at),
+                (None, None) => None,
+                (None, Some(At::Position(p))) => {
+                    let head = log.head();
+                    if p > head {
+                        return Err(Status::invalid_argument(format!(
+                            "at.position: position {} is past the log's head {}",
+                            p.0, head.0
+                        )));
+                    }
+                    Some(p)
+                }
+                (None, Some(At::Time(t))) => Some(
+                    log.position_at(t)
+                        .map_err(|e| status::from_store("as_of", &e))?,
+                ),
+                (None, Some(_)) => None,
+            };
+            let page = vmplane_projections::ListPage {
+                // The projections must have applied the point read at.
+                min_position: min.max(at),
+                at,
+                after,
+                limit,
+                namespaces: readable,
+            };
             // One object at a time: each is held as a tree only while it is turned into text,
             // so a list of many objects costs their text, not their trees (~10x larger).
             let mut items = Vec::new();

@@ -111,6 +111,7 @@ Examples:
   vmplane get vm demo -o yaml
   vmplane get vm demo --revision 1 -o yaml           # time travel
   vmplane get vm demo --at-position 120
+  vmplane get vms -A --as-of 2026-11-22T14:05:00Z       # every VM as it was then
   vmplane get vm demo --as-of 2026-11-22T10:00:00Z"
     )]
     Get(GetArgs),
@@ -397,11 +398,11 @@ pub struct GetArgs {
     /// The object as it was at this revision (generation) of its stream.
     #[arg(long, value_name = "N", conflicts_with_all = ["at_position", "as_of"], requires = "name")]
     pub revision: Option<u64>,
-    /// The object as it was when the log's head was at this position.
-    #[arg(long, value_name = "P", conflicts_with = "as_of", requires = "name")]
+    /// The object (or the list) as it was when the log's head was at this position.
+    #[arg(long, value_name = "P", conflicts_with = "as_of")]
     pub at_position: Option<u64>,
-    /// The object as it was at this instant (RFC 3339).
-    #[arg(long, value_name = "RFC3339", requires = "name")]
+    /// The object (or the list) as it was at this instant (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
     pub as_of: Option<String>,
     /// A list is fetched in pages of this many objects (kubectl's default, 500), all read at
     /// the first page's position, so together they are one list; 0 fetches it in one response
@@ -551,4 +552,66 @@ pub enum FeaturesCommand {
         /// A KubeVirt feature gate name, e.g. DownwardMetrics.
         feature: String,
     },
+}
+
+/// A usage error of clap's (several lines: the error, tips, usage, a pointer to `--help`) as
+/// the one line every vmplane error is: `vmplane: error: WHAT; WHAT TO DO (usage: …)`.
+#[must_use]
+pub fn usage_error_line(rendered: &str) -> String {
+    let mut what = Vec::new();
+    let mut usage = None;
+    for line in rendered.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(u) = line.strip_prefix("Usage: ") {
+            usage = Some(u.to_string());
+        } else if line.starts_with("For more information") {
+            continue;
+        } else {
+            let line = line.strip_prefix("error: ").unwrap_or(line);
+            what.push(line.strip_prefix("tip: ").unwrap_or(line).to_string());
+        }
+    }
+    let mut joined = String::new();
+    for piece in what {
+        if !joined.is_empty() {
+            // "…were not provided:" is continued by what was not.
+            joined.push_str(if joined.ends_with(':') { " " } else { "; " });
+        }
+        joined.push_str(&piece);
+    }
+    let mut out = format!("vmplane: error: {joined}");
+    match usage {
+        Some(usage) => out.push_str(&format!(" (usage: {usage}; see --help)")),
+        None => out.push_str(" (see --help)"),
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, usage_error_line};
+
+    fn line_for(args: &[&str]) -> String {
+        let err = Cli::try_parse_from(args).expect_err("a usage error");
+        usage_error_line(&err.render().to_string())
+    }
+
+    #[test]
+    fn a_usage_error_is_one_line_naming_what_is_wrong_and_the_usage() {
+        let line = line_for(&["vmplane", "get"]);
+        assert!(!line.contains('\n'), "{line}");
+        assert_eq!(
+            line,
+            "vmplane: error: the following required arguments were not provided: <KIND> \
+             (usage: vmplane get <KIND> [NAME]; see --help)"
+        );
+        let line = line_for(&["vmplane", "get", "vms", "-o", "xml"]);
+        assert!(
+            !line.contains('\n') && line.contains("'xml'") && line.contains("table, yaml, json"),
+            "{line}"
+        );
+        let line = line_for(&["vmplane", "frob"]);
+        assert!(line.contains("unrecognized subcommand 'frob'"), "{line}");
+    }
 }

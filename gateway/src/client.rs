@@ -111,6 +111,24 @@ pub fn status_error(status: Status) -> anyhow::Error {
     anyhow!("{code}: {}", status.message())
 }
 
+/// The server's refusal of a document over the manifest limit (ResourceExhausted, naming the
+/// object and the limit), made without sending it; `None` if it is within the limit.
+fn too_large(doc: &str, namespace: &str) -> Option<tonic::Status> {
+    use vmplane_core::limits::MANIFEST_BYTES_MAX;
+    if doc.len() <= MANIFEST_BYTES_MAX {
+        return None;
+    }
+    let name = serde_json::from_str::<serde_json::Value>(doc)
+        .ok()
+        .and_then(|value| crate::api::manifest_name(&value, namespace))
+        .unwrap_or_else(|| "manifest".to_string());
+    let rejection = vmplane_core::Rejection::from(vmplane_core::types::ParseError::TooLarge {
+        bytes: doc.len(),
+        bytes_max: MANIFEST_BYTES_MAX,
+    });
+    Some(crate::status::from_rejection(&name, &rejection))
+}
+
 /// The server parses each document of a file alone, as its document 0: a refusal that can
 /// name no object (an unknown kind, a syntax error) says `document 0`. In the file it is
 /// document `number`, counted from 1 as [`split_documents`]' own errors count.
@@ -177,6 +195,12 @@ pub async fn apply(
     let total = docs.len();
     let mut failures = Vec::new();
     for (index, doc) in docs.into_iter().enumerate() {
+        // Over the manifest limit: refused here, named, as the server would refuse it (past
+        // the request limit the server could only say the message was too long).
+        if let Some(refused) = too_large(&doc, &g.namespace) {
+            failures.push(status_error(in_file(refused, index + 1)));
+            continue;
+        }
         let resp = c
             .objects
             .apply(pb::ApplyRequest {
@@ -303,6 +327,12 @@ async fn list_all(
                 all_namespaces: a.all_namespaces,
                 min_position: 0,
                 limit: a.chunk_size,
+                // The first page names the point in the past; later ones carry it in the token.
+                at: if token.is_empty() {
+                    point_in_time(a)
+                } else {
+                    None
+                },
                 continue_token: std::mem::take(&mut token),
             })
             .await
@@ -488,10 +518,9 @@ pub async fn watch(c: &mut Clients, g: &GlobalArgs, a: &WatchArgs) -> anyhow::Re
         .map_err(status_error)?
         .into_inner();
     let mut out = std::io::stdout().lock();
-    let mut header = true;
+    let mut table = print::WatchTable::default();
     while let Some(ev) = stream.message().await.map_err(status_error)? {
-        print::watch_event(&mut out, g.output, &ev, header)?;
-        header = false;
+        print::watch_event(&mut out, g.output, &ev, &mut table)?;
         out.flush()?;
     }
     Ok(())

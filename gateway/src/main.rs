@@ -15,7 +15,25 @@ use vmplane_gateway::client::{self, Clients, Verb};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version are what was asked for, printed as clap prints them.
+        // A bare `vmplane` (or `vmplane admin`) prints the help, as clap does.
+        Err(err)
+            if !err.use_stderr()
+                || err.kind()
+                    == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            err.exit()
+        }
+        Err(err) => {
+            eprintln!(
+                "{}",
+                vmplane_gateway::cli::usage_error_line(&err.render().to_string())
+            );
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => vmplane_gateway::server::run(args).map(|()| ExitCode::SUCCESS),
         Command::Completion(args) => {

@@ -334,7 +334,7 @@ pub fn watch_event(
     out: &mut impl Write,
     format: Option<Output>,
     e: &pb::WatchEvent,
-    header: bool,
+    table: &mut WatchTable,
 ) -> anyhow::Result<()> {
     match format {
         Some(Output::Json) => {
@@ -353,23 +353,58 @@ pub fn watch_event(
             });
             out.write_all(serde_yaml::to_string(&v)?.as_bytes())?;
         }
-        None | Some(Output::Table) => {
-            // Fixed widths: a stream cannot be aligned after the fact.
-            if header {
-                writeln!(
-                    out,
-                    "{:<10} {:<25} {:<12} {:<15} {:<24} {:<24} EVENT",
-                    "POSITION", "TIME", "ACTOR", "NAMESPACE", "KIND", "NAME"
-                )?;
-            }
-            writeln!(
-                out,
-                "{:<10} {:<25} {:<12} {:<15} {:<24} {:<24} {}",
-                e.position, e.time, e.actor, e.namespace, e.kind, e.name, e.event
-            )?;
-        }
+        None | Some(Output::Table) => table.row(out, e)?,
     }
     Ok(())
+}
+
+/// The columns of `watch`'s table. A stream cannot be aligned after the fact, so the columns
+/// start wide enough for what they usually hold (a timestamp with nanoseconds, the longest
+/// kind, system actors) and a value wider than its column widens it for every later row.
+#[derive(Debug)]
+pub struct WatchTable {
+    header_done: bool,
+    /// POSITION, TIME, ACTOR, NAMESPACE, KIND, NAME (EVENT is last and unpadded).
+    widths: [usize; 6],
+}
+
+impl Default for WatchTable {
+    fn default() -> Self {
+        WatchTable {
+            header_done: false,
+            widths: [10, 30, 20, 16, 31, 24],
+        }
+    }
+}
+
+impl WatchTable {
+    fn row(&mut self, out: &mut impl Write, e: &pb::WatchEvent) -> std::io::Result<()> {
+        let position = e.position.to_string();
+        let cells = [
+            position.as_str(),
+            e.time.as_str(),
+            e.actor.as_str(),
+            e.namespace.as_str(),
+            e.kind.as_str(),
+            e.name.as_str(),
+        ];
+        if !self.header_done {
+            self.header_done = true;
+            let names = ["POSITION", "TIME", "ACTOR", "NAMESPACE", "KIND", "NAME"];
+            self.line(out, &names, "EVENT")?;
+        }
+        for (width, cell) in self.widths.iter_mut().zip(cells) {
+            *width = (*width).max(cell.chars().count());
+        }
+        self.line(out, &cells, &e.event)
+    }
+
+    fn line(&self, out: &mut impl Write, cells: &[&str; 6], last: &str) -> std::io::Result<()> {
+        for (cell, width) in cells.iter().zip(self.widths) {
+            write!(out, "{cell:<width$}   ")?;
+        }
+        writeln!(out, "{last}")
+    }
 }
 
 /// `features`: a table, or a list of `{name, enabled, source, stage, usedBy}`.
@@ -471,6 +506,71 @@ pub fn unified_diff(out: &mut impl Write, diff: &str, color: bool) -> std::io::R
 
 #[cfg(test)]
 mod tests {
+
+    fn watch_event(
+        position: u64,
+        time: &str,
+        actor: &str,
+        kind: &str,
+        name: &str,
+    ) -> pb::WatchEvent {
+        pb::WatchEvent {
+            position,
+            time: time.into(),
+            actor: actor.into(),
+            namespace: "default".into(),
+            kind: kind.into(),
+            name: name.into(),
+            event: "RestoreStarted".into(),
+        }
+    }
+
+    #[test]
+    fn the_watch_table_lines_up_with_its_header_and_widens_for_a_long_value() {
+        let mut table = WatchTable::default();
+        let mut out = Vec::new();
+        let t = "2026-11-22T21:16:40.128945706Z";
+        for e in [
+            watch_event(169, t, "system:saga-driver", "VirtualMachineRestore", "r1"),
+            watch_event(170, t, "alice", "VirtualMachine", "demo"),
+        ] {
+            watch_event_row(&mut out, &e, &mut table);
+        }
+        let text = String::from_utf8(out).expect("UTF-8");
+        let lines: Vec<&str> = text.lines().collect();
+        // Each column starts where its header does, on every line.
+        let starts = |line: &str| -> Vec<usize> {
+            let mut starts = vec![0];
+            let bytes = line.as_bytes();
+            for i in 1..bytes.len() {
+                if bytes[i] != b' ' && bytes[i - 1] == b' ' && bytes[i.saturating_sub(2)] == b' ' {
+                    starts.push(i);
+                }
+            }
+            starts
+        };
+        assert_eq!(starts(lines[0]).len(), 7, "{text}");
+        assert_eq!(starts(lines[1]), starts(lines[0]), "{text}");
+        assert_eq!(starts(lines[2]), starts(lines[0]), "{text}");
+        // A name wider than its column widens it from then on; later rows agree.
+        let long = "a-very-long-name-that-does-not-fit-the-column";
+        let mut out = Vec::new();
+        for name in [long, "short"] {
+            watch_event_row(
+                &mut out,
+                &watch_event(171, t, "ops", "VirtualMachine", name),
+                &mut table,
+            );
+        }
+        let text = String::from_utf8(out).expect("UTF-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(starts(lines[0]), starts(lines[1]), "{text}");
+    }
+
+    fn watch_event_row(out: &mut Vec<u8>, e: &pb::WatchEvent, table: &mut WatchTable) {
+        super::watch_event(out, None, e, table).expect("print");
+    }
+
     use super::*;
 
     #[test]

@@ -432,3 +432,83 @@ fn a_paged_list_is_one_list_at_its_first_pages_position_whatever_is_written_betw
     let list: Value = serde_json::from_str(&outputs[0]).expect("json list");
     assert_eq!(list["items"].as_array().map(Vec::len), Some(9));
 }
+
+#[test]
+fn a_list_in_the_past_shows_the_objects_as_they_were_then_in_any_page_size() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
+    let cli = Cli::new(&server);
+    let ns = ["-n", "past"];
+    let apply = |name: &str, memory: usize| {
+        let (code, _, err) =
+            cli.run_with_stdin(&["apply", "-f", "-", "-n", "past"], &vm(name, memory));
+        assert_eq!(code, 0, "{err}");
+    };
+    for name in ["a", "b", "c"] {
+        apply(name, 128);
+    }
+    let then: Value =
+        serde_json::from_str(&cli.ok(&["get", "vms", ns[0], ns[1], "-o", "json"])).expect("JSON");
+    let position = then["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_owned();
+    let audit: Value =
+        serde_json::from_str(&cli.ok(&["audit", ns[0], ns[1], "-o", "json"])).expect("JSON");
+    let time = audit[2]["time"].as_str().expect("time").to_owned();
+    // Afterwards: an edit, a delete, a new object.
+    apply("a", 256);
+    cli.ok(&["delete", "vm", "b", ns[0], ns[1]]);
+    apply("d", 128);
+    let now = cli.ok(&["get", "vms", ns[0], ns[1]]);
+    assert!(now.contains("d") && !now.contains("\nb "), "{now}");
+
+    let names = |list: &Value| -> Vec<(String, Value)> {
+        list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|o| {
+                let memory = o["spec"]["template"]["spec"]["domain"]["memory"]["guest"].clone();
+                (
+                    o["metadata"]["name"].as_str().expect("name").to_owned(),
+                    memory,
+                )
+            })
+            .collect()
+    };
+    for point in [
+        ["--at-position", position.as_str()],
+        ["--as-of", time.as_str()],
+    ] {
+        for chunk in ["1", "2", "0"] {
+            let out = cli.ok(&[
+                "get",
+                "vms",
+                ns[0],
+                ns[1],
+                point[0],
+                point[1],
+                "--chunk-size",
+                chunk,
+                "-o",
+                "json",
+            ]);
+            let past: Value = serde_json::from_str(&out).expect("JSON");
+            assert_eq!(
+                names(&past),
+                names(&then),
+                "{point:?} in pages of {chunk}: the list as it was"
+            );
+            assert_eq!(
+                past["metadata"]["resourceVersion"],
+                then["metadata"]["resourceVersion"]
+            );
+        }
+    }
+    // A list has no revision; a position past the head is refused in one line.
+    let (code, _, _) = cli.run(&["get", "vms", "--revision", "1"]);
+    assert_ne!(code, 0);
+    let line = cli.fails(&["get", "vms", ns[0], ns[1], "--at-position", "999999"]);
+    assert!(line.contains("past the log's head"), "{line}");
+}
