@@ -197,19 +197,7 @@ fn history_audit_and_watch_json_have_the_documented_fields() {
 
     // watch -o json: one object a line, replaying from a position.
     let from = (entries[0]["position"].as_u64().expect("position") - 1).to_string();
-    let mut watch = vmplane.spawn(&["watch", "-n", ns, "-o", "json", "--from-position", &from]);
-    let stdout = watch.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let mut events = Vec::new();
-    while events.len() < 2 {
-        let line = lines
-            .next()
-            .expect("watch ended early")
-            .expect("read watch output");
-        events.push(json(&line));
-    }
-    let _ = watch.kill();
-    let _ = watch.wait();
+    let events = watch_lines(&vmplane, &["watch", "-n", ns, "--from-position", &from], 2);
     for (ev, e) in events.iter().zip(entries) {
         assert_eq!(
             keys(ev),
@@ -252,6 +240,23 @@ fn subcommands() -> Vec<String> {
         .collect()
 }
 
+/// `vmplane COMMAND… --help` succeeds and has an `Examples:` section that shows the command.
+fn help_shows_an_example(command: &[&str]) {
+    let mut args = command.to_vec();
+    args.push("--help");
+    let (code, out, err) = run_cli(&args);
+    let command = command.join(" ");
+    assert_eq!(code, 0, "{command} --help: {err}");
+    let examples = out
+        .split("Examples:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{command} --help has no example:\n{out}"));
+    assert!(
+        examples.contains(&format!("vmplane {command}")),
+        "{command}'s example does not show it:\n{out}"
+    );
+}
+
 #[test]
 fn every_command_has_help_with_an_example() {
     let commands = subcommands();
@@ -279,34 +284,16 @@ fn every_command_has_help_with_an_example() {
     let (_, top, _) = run_cli(&["--help"]);
     assert!(top.contains("Examples:"), "{top}");
     for command in &commands {
-        let (code, out, err) = run_cli(&[command, "--help"]);
-        assert_eq!(code, 0, "{command} --help: {err}");
-        let examples = out
-            .split("Examples:")
-            .nth(1)
-            .unwrap_or_else(|| panic!("{command} --help has no example:\n{out}"));
-        assert!(
-            examples.contains(&format!("vmplane {command}")),
-            "{command}'s example does not show it:\n{out}"
-        );
+        help_shows_an_example(&[command]);
     }
     // The subcommands' own help too.
-    for (parent, sub) in [
-        ("admin", "backup"),
-        ("admin", "restore"),
-        ("admin", "verify"),
-        ("features", "usage"),
+    for sub in [
+        &["admin", "backup"][..],
+        &["admin", "restore"],
+        &["admin", "verify"],
+        &["features", "usage"],
     ] {
-        let (code, out, err) = run_cli(&[parent, sub, "--help"]);
-        assert_eq!(code, 0, "{parent} {sub} --help: {err}");
-        let examples = out
-            .split("Examples:")
-            .nth(1)
-            .unwrap_or_else(|| panic!("{parent} {sub} --help has no example:\n{out}"));
-        assert!(
-            examples.contains(&format!("{parent} {sub}")),
-            "{parent} {sub}'s example does not show it:\n{out}"
-        );
+        help_shows_an_example(sub);
     }
 }
 
