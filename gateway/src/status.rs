@@ -59,6 +59,45 @@ pub fn from_store(context: &str, err: &vmplane_store::Error) -> Status {
     }
 }
 
+/// tonic refuses a request above the server's message limit before any handler runs, as
+/// `OUT_OF_RANGE` "Error, decoded message length too large: found N bytes, the limit is: M
+/// bytes". vmplane's code for input over a size limit is `RESOURCE_EXHAUSTED` (a manifest just
+/// over its own limit gets it from core): the same answer here, saying what to do.
+pub fn request_too_large(headers: &mut http::HeaderMap) {
+    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+    if headers.get("grpc-status").and_then(|v| v.to_str().ok()) != Some(out_of_range.as_str()) {
+        return;
+    }
+    let Some(message) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) else {
+        return;
+    };
+    // grpc-message is percent-encoded; tonic's text has only spaces and ASCII to decode.
+    let message = message.replace("%20", " ");
+    if !message.contains("decoded message length too large") {
+        return;
+    }
+    let numbers: Vec<&str> = message
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let text = match numbers.as_slice() {
+        [found, limit, ..] => format!(
+            "request: {found} bytes, more than the {limit} bytes a request may hold (a manifest \
+             may be at most {} bytes; split the file into smaller objects)",
+            vmplane_core::limits::MANIFEST_BYTES_MAX
+        ),
+        _ => "request: larger than a request may be".to_string(),
+    };
+    let code = (tonic::Code::ResourceExhausted as i32).to_string();
+    if let (Ok(code), Ok(text)) = (
+        http::HeaderValue::from_str(&code),
+        http::HeaderValue::from_str(&text),
+    ) {
+        headers.insert("grpc-status", code);
+        headers.insert("grpc-message", text);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -602,7 +602,6 @@ impl CommandHandler {
         if times.len() != events.len() {
             return None;
         }
-        let is_vm = matches!(after.state, AggState::Vm(_));
         for ((event, recorded_at), position) in events
             .iter()
             .zip(times)
@@ -615,10 +614,7 @@ impl CommandHandler {
                 after.created_at_ns = Some(recorded_at);
             }
             after.recorded_at_ns = recorded_at;
-            // As `Snapshot::apply` places it.
-            if is_vm && event.type_name().starts_with("Vmi") {
-                after.vmi_position = Position(position);
-            }
+            after.note_vmi_event(event.type_name(), Position(position));
         }
         after.position = append.last_position;
         let after = Arc::new(after);

@@ -362,10 +362,19 @@ impl Snapshot {
         }
         self.position = event.position;
         self.recorded_at_ns = event.recorded_at.0;
-        if matches!(self.state, AggState::Vm(_)) && event.event_type.starts_with("Vmi") {
-            self.vmi_position = event.position;
-        }
+        self.note_vmi_event(event.event_type, event.position);
         Ok(())
+    }
+
+    /// Records `position` as the VMI's last event if the event (of type `event_type`, folded
+    /// into this snapshot) is about the VMI of a VM's stream.
+    pub(crate) fn note_vmi_event(&mut self, event_type: &str, position: Position) {
+        if matches!(self.state, AggState::Vm(_))
+            && crate::history::event_kind(Kind::VirtualMachine, event_type)
+                == Kind::VirtualMachineInstance
+        {
+            self.vmi_position = position;
+        }
     }
 }
 
