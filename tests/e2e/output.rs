@@ -339,16 +339,17 @@ fn output_piped_to_a_reader_that_stops_early_ends_quietly() {
 /// it has its line): the write fails with EPIPE, and the CLI must end with success and say
 /// nothing (no error line, no panic).
 fn ends_quietly_when_its_reader_leaves(args: &[&str]) {
-    let mut child = std::process::Command::new(vmplane_tests::vmplane_bin())
+    // The read end is closed before the process starts: its first write fails, every run.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = std::process::Command::new(vmplane_tests::vmplane_bin())
         .args(args)
         .env("RUST_BACKTRACE", "0")
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
+        .stdout(writer)
         .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn vmplane");
-    drop(child.stdout.take());
-    let out = child.wait_with_output().expect("wait");
+        .output()
+        .expect("run vmplane");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{args:?}: {:?}: {stderr}", out.status);
     assert!(
