@@ -128,6 +128,32 @@ impl StateCache {
         revision: u64,
         locate: Option<&dyn Fn(u64) -> Option<Position>>,
     ) -> Result<Arc<Snapshot>> {
+        self.fold(log, stream, kind, revision, locate, Admit::Always)
+    }
+
+    /// [`StateCache::state_at_located`] for a read passing over many streams (a long list):
+    /// what it folds is kept only for streams the cache already holds, so one pass over more
+    /// streams than the cache holds neither pays for filling it nor drops the streams in use.
+    pub fn state_at_passing(
+        &self,
+        log: &dyn EventLog,
+        stream: &str,
+        kind: Kind,
+        revision: u64,
+        locate: Option<&dyn Fn(u64) -> Option<Position>>,
+    ) -> Result<Arc<Snapshot>> {
+        self.fold(log, stream, kind, revision, locate, Admit::IfCached)
+    }
+
+    fn fold(
+        &self,
+        log: &dyn EventLog,
+        stream: &str,
+        kind: Kind,
+        revision: u64,
+        locate: Option<&dyn Fn(u64) -> Option<Position>>,
+        admit: Admit,
+    ) -> Result<Arc<Snapshot>> {
         let base = {
             let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             inner.tick += 1;
@@ -185,7 +211,7 @@ impl StateCache {
         }
         let result = Arc::new(snapshot);
         let periodic = kept.finish();
-        self.insert(stream, kind, periodic, Arc::clone(&result));
+        self.insert(stream, kind, periodic, Arc::clone(&result), admit);
         Ok(result)
     }
 
@@ -212,15 +238,25 @@ impl StateCache {
     /// Keeps `snapshot` as `stream`'s state at its revision (the command path hands over the
     /// state it just wrote, folded from the log's own records of the write).
     pub fn put(&self, stream: &str, kind: Kind, snapshot: Arc<Snapshot>) {
-        self.insert(stream, kind, Vec::new(), snapshot);
+        self.insert(stream, kind, Vec::new(), snapshot, Admit::Always);
     }
 
-    fn insert(&self, stream: &str, kind: Kind, periodic: Vec<Arc<Snapshot>>, last: Arc<Snapshot>) {
+    fn insert(
+        &self,
+        stream: &str,
+        kind: Kind,
+        periodic: Vec<Arc<Snapshot>>,
+        last: Arc<Snapshot>,
+        admit: Admit,
+    ) {
         let every = self.options.snapshot_every_revisions;
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let tick = inner.tick;
         // Looked up first: the stream is usually cached already, and `entry` takes an owned key.
         if !inner.streams.contains_key(stream) {
+            if admit == Admit::IfCached {
+                return;
+            }
             inner.streams.insert(
                 stream.to_owned(),
                 CachedStream {
@@ -268,9 +304,21 @@ impl StateCache {
             }
         }
         if inner.streams.len() > self.options.streams_max {
-            evict(&mut inner.streams, self.options.streams_max);
+            let dropped = evict(&mut inner.streams, self.options.streams_max);
+            // Freed after the lock is released: dropping hundreds of folded states is not
+            // work the other readers should wait for.
+            drop(inner);
+            drop(dropped);
         }
     }
+}
+
+/// Whether a fold's result may add a stream to the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admit {
+    Always,
+    /// Only refresh a stream already cached.
+    IfCached,
 }
 
 /// Positions visited per event to fold, at most, for the scan of a position range to be used
@@ -366,14 +414,17 @@ impl Kept {
 }
 
 /// Drops the least recently used streams down to 7/8 of `max`, so eviction runs rarely.
-fn evict(streams: &mut HashMap<String, CachedStream>, max: usize) {
+fn evict(streams: &mut HashMap<String, CachedStream>, max: usize) -> Vec<CachedStream> {
     let keep = max - max / 8;
     let mut used: Vec<u64> = streams.values().map(|c| c.used).collect();
     used.sort_unstable();
     let drop = streams.len().saturating_sub(keep);
     if drop == 0 {
-        return;
+        return Vec::new();
     }
     let threshold = used[drop - 1];
-    streams.retain(|_, c| c.used > threshold);
+    streams
+        .extract_if(|_, c| c.used <= threshold)
+        .map(|(_, c)| c)
+        .collect()
 }

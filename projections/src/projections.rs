@@ -141,6 +141,15 @@ pub struct Projections {
     features: Mutex<Option<(u64, Arc<Features>)>>,
 }
 
+/// How a read uses the state cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Read {
+    /// A read of one object: what it folds is cached.
+    One,
+    /// One of many reads in a pass (a long list): cached only if its stream already is.
+    Passing,
+}
+
 struct Applied {
     last_checkpoint: u64,
 }
@@ -651,12 +660,32 @@ impl Projections {
     /// The state cache's fold, told where the stream's revisions are (the read model records
     /// their positions) so that it can scan a dense range of the log in place.
     fn load(&self, stream: &str, kind: Kind, revision: u64) -> Result<Arc<Snapshot>> {
+        self.load_as(stream, kind, revision, Read::One)
+    }
+
+    /// [`Projections::load`] for one read among many (a long list): see
+    /// [`StateCache::state_at_passing`].
+    fn load_as(
+        &self,
+        stream: &str,
+        kind: Kind,
+        revision: u64,
+        read: Read,
+    ) -> Result<Arc<Snapshot>> {
         let locate = |r: u64| {
             let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
             model.entry(stream).and_then(|e| e.position_of(r))
         };
-        self.cache
-            .state_at_located(self.log.as_ref(), stream, kind, revision, Some(&locate))
+        let log = self.log.as_ref();
+        match read {
+            Read::One => self
+                .cache
+                .state_at_located(log, stream, kind, revision, Some(&locate)),
+            Read::Passing => {
+                self.cache
+                    .state_at_passing(log, stream, kind, revision, Some(&locate))
+            }
+        }
     }
 
     /// Every live object of `kind` (in `namespace`, or all namespaces for `None`), read at one
@@ -798,12 +827,20 @@ impl Projections {
         };
         let now_ms = Timestamp::now().0 / 1_000_000;
         let features = self.features_at(Some(position))?;
+        // A list that is one small page may be read again soon (a poll, a dashboard): it is
+        // cached. Pages of a longer list pass through, not displacing the streams in use.
+        let read = if more || after.is_some() || wanted.len() > self.cache.options().streams_max / 4
+        {
+            Read::Passing
+        } else {
+            Read::One
+        };
         let mut seen_vmi = std::collections::HashSet::new();
         for ((ns, name), stream, stream_kind, revision) in wanted {
             if seen_vmi.contains(&(ns.clone(), name.clone())) {
                 continue;
             }
-            let snapshot = self.load(&stream, stream_kind, revision)?;
+            let snapshot = self.load_as(&stream, stream_kind, revision, read)?;
             if let Some(view) = render(&snapshot, kind, &features, now_ms) {
                 if kind == Kind::VirtualMachineInstance {
                     seen_vmi.insert((ns, name));

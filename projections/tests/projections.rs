@@ -115,6 +115,54 @@ fn populate(env: &common::Env, prefix: &str, vms: usize) {
 }
 
 #[test]
+fn the_pages_of_a_long_list_pass_through_the_state_cache_and_a_short_list_is_cached() {
+    let env = env();
+    for i in 0..5 {
+        env.apply_vm("alice", vm("team-a", &format!("p{i}"), "128Mi"));
+    }
+    let cache = env.projections.cache();
+    let page = |after: Option<(String, String)>| {
+        let mut names = Vec::new();
+        let end = env
+            .projections
+            .visit_page(
+                Kind::VirtualMachine,
+                Some("team-a"),
+                &vmplane_projections::ListPage {
+                    after,
+                    limit: Some(2),
+                    ..Default::default()
+                },
+                |view| names.push(view.name),
+            )
+            .expect("page");
+        (names, end.next)
+    };
+    cache.clear();
+    let (first, mut next) = page(None);
+    let mut names = first;
+    while next.is_some() {
+        let (more, after) = page(next);
+        names.extend(more);
+        next = after;
+    }
+    assert_eq!(names, ["p0", "p1", "p2", "p3", "p4"]);
+    assert_eq!(cache.streams(), 0, "pages of a longer list are not cached");
+    // Still read from the log, and the same objects as an unpaged list.
+    let whole = env
+        .projections
+        .list(Kind::VirtualMachine, Some("team-a"), None)
+        .expect("list");
+    let listed: Vec<_> = whole.items.iter().map(|v| v.name.clone()).collect();
+    assert_eq!(listed, names);
+    assert_eq!(
+        cache.streams(),
+        5,
+        "a list that is one short page is cached"
+    );
+}
+
+#[test]
 fn restart_with_checkpoint_and_tail_equals_rebuild() {
     let env = env();
     populate(&env, "a", 6);
