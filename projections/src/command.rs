@@ -422,8 +422,7 @@ impl CommandHandler {
                 attempts,
             }),
             Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
-                let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(&key);
-                Err(Rejection::firmware_uuid_taken(uuid, &holder).into())
+                Err(claim_taken(&key, &holder))
             }
             Err(vmplane_store::Error::EventIdReused { position, .. })
                 if meta.request_id.is_some() =>
@@ -518,7 +517,21 @@ impl CommandHandler {
     /// Decides `command` against the current state without appending anything
     /// (`apply --dry-run`): the outcome it would have, or the rejection it gets.
     pub fn dry_run(&self, command: Command) -> Result<Outcome, CommandError> {
-        Ok(self.preview(command)?.0)
+        let (snapshot, _) = self.load(&command.stream(), command.kind())?;
+        let command = self.resolve(&snapshot.state, &command)?;
+        let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+        // What the append would check too: the uniqueness claims (a firmware UUID another VM
+        // holds), against the holders now.
+        let claims = store_claims(&decision);
+        let mut holders = std::collections::HashMap::new();
+        for claim in &claims {
+            holders.insert(claim.key(), self.log.claim_holder(claim.key())?);
+        }
+        let holder = |key: &str| holders.get(key).cloned().flatten();
+        if let Err((key, holder)) = vmplane_store::log::decide_claims(&claims, &holder) {
+            return Err(claim_taken(&key, &holder));
+        }
+        Ok(decision.outcome)
     }
 
     /// The outcome of `command` and the state it would leave: decided on the current state
@@ -903,6 +916,30 @@ fn event_id(request_id: Option<Uuid>, index: usize) -> Uuid {
     }
 }
 
+/// A decision's uniqueness claims as the store takes them.
+fn store_claims(decision: &Decision) -> Vec<vmplane_store::Claim> {
+    decision
+        .claims
+        .iter()
+        .map(|c| match c {
+            vmplane_core::Claim::Acquire { key, owner } => vmplane_store::Claim::Acquire {
+                key: key.clone(),
+                owner: owner.clone(),
+            },
+            vmplane_core::Claim::Release { key, owner } => vmplane_store::Claim::Release {
+                key: key.clone(),
+                owner: owner.clone(),
+            },
+        })
+        .collect()
+}
+
+/// The rejection of a decision whose claim `key` is held by stream `holder`.
+fn claim_taken(key: &str, holder: &str) -> CommandError {
+    let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(key);
+    Rejection::firmware_uuid_taken(uuid, holder).into()
+}
+
 fn to_request(
     stream: &str,
     revision: Option<u64>,
@@ -927,20 +964,7 @@ fn to_request(
             }
         })
         .collect();
-    let claims = decision
-        .claims
-        .iter()
-        .map(|c| match c {
-            vmplane_core::Claim::Acquire { key, owner } => vmplane_store::Claim::Acquire {
-                key: key.clone(),
-                owner: owner.clone(),
-            },
-            vmplane_core::Claim::Release { key, owner } => vmplane_store::Claim::Release {
-                key: key.clone(),
-                owner: owner.clone(),
-            },
-        })
-        .collect();
+    let claims = store_claims(decision);
     AppendRequest {
         stream: stream.to_owned(),
         expected: match revision {

@@ -649,6 +649,38 @@ fn retries_stop_at_decide_retries_max() {
 }
 
 #[test]
+fn a_dry_run_is_refused_what_the_append_would_refuse_a_firmware_uuid_another_vm_holds() {
+    let env = env();
+    let uuid = "6a1f0000-1111-4222-8333-444455556677";
+    let create = |name: &str| Command::Vm {
+        namespace: "default".into(),
+        name: name.into(),
+        command: VmCommand::Apply(put(vm_with("default", name, "128Mi", Some(uuid)))),
+    };
+    env.run("alice", create("holder"));
+    let head = env.log.head();
+    let refused = env.commands.dry_run(create("thief"));
+    match &refused {
+        Err(CommandError::Rejected(r)) => {
+            assert_eq!(r.category, Category::AlreadyExists);
+            assert!(r.has_code(codes::FIRMWARE_UUID_TAKEN), "{r}");
+        }
+        other => panic!("expected the firmware UUID refused, got {other:?}"),
+    }
+    assert_eq!(env.log.head(), head, "a dry run appends nothing");
+    // The holder itself may still re-apply (its own claim), and the real apply agrees.
+    assert_eq!(
+        env.commands.dry_run(create("holder")).expect("own claim"),
+        Outcome::Unchanged
+    );
+    assert!(
+        env.commands
+            .execute(&meta("alice"), create("thief"))
+            .is_err()
+    );
+}
+
+#[test]
 fn two_concurrent_creates_with_one_firmware_uuid_one_wins() {
     let env = Arc::new(env());
     let uuid = "6a1f0000-1111-4222-8333-444455556666";

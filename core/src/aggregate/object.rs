@@ -208,7 +208,8 @@ pub fn evolve(mut s: ObjectState, event: &Event) -> ObjectState {
     match event {
         Event::ObjectCreated(e) => {
             s.existence = Existence::Live;
-            s.generation += 1;
+            // A new object (also one re-created under a deleted one's name): generation 1.
+            s.generation = 1;
             s.kind = Kind::ALL.into_iter().find(|k| k.as_str() == e.kind);
             s.uid = Some(e.uid);
             s.namespace.clone_from(&e.namespace);

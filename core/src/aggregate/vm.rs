@@ -352,7 +352,8 @@ pub fn evolve_in_place(s: &mut VmState, event: &Event) {
     match event {
         Event::VmCreated(e) => {
             s.existence = Existence::Live;
-            s.generation += 1;
+            // A new object (also one re-created under a deleted one's name): generation 1.
+            s.generation = 1;
             s.uid = Some(e.uid);
             s.namespace.clone_from(&e.namespace);
             s.name.clone_from(&e.name);

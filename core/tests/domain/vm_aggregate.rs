@@ -6,7 +6,7 @@ use vmplane_core::*;
 use crate::support::*;
 
 #[test]
-fn create_then_update_then_delete_then_create_again_continues_the_stream() {
+fn create_then_update_then_delete_then_create_again_continues_the_stream_as_a_new_object() {
     let mut s = Scenario::new();
     let d = s.create(small_vm("demo", "Halted"));
     assert_eq!(d.outcome, Outcome::Created);
@@ -36,7 +36,11 @@ fn create_then_update_then_delete_then_create_again_continues_the_stream() {
     assert_eq!(d.outcome, Outcome::Created);
     let st = s.state();
     assert_ne!(st.uid.unwrap(), first_uid, "a new life has a new uid");
-    assert_eq!(st.generation, 3, "generation keeps counting in the stream");
+    assert_eq!(
+        st.generation, 1,
+        "a new object has generation 1, as in KubeVirt and INTERFACE.md"
+    );
+    assert_eq!(st.revision, 4, "the stream keeps counting");
 }
 
 #[test]

@@ -58,6 +58,16 @@ fn objects_are_created_updated_unchanged_and_deleted() {
     let d = object::decide(&st, &ObjectCommand::Delete(None), &mut c).unwrap();
     events.extend(d.events);
     assert!(!fold_objects(&events).is_live());
+    // Created again under the same name: a new object, generation 1 again.
+    let d = object::decide(
+        &fold_objects(&events),
+        &ObjectCommand::Apply(Box::new(csmall.clone()), None),
+        &mut c,
+    )
+    .unwrap();
+    assert_eq!(d.outcome, Outcome::Created);
+    events.extend(d.events);
+    assert_eq!(fold_objects(&events).generation, 1);
     assert_eq!(
         streams::for_object(
             types::Kind::VirtualMachineClusterInstancetype,
