@@ -276,10 +276,10 @@ impl CommandHandler {
         meta: &CommandMeta,
         command: Command,
     ) -> Result<(Executed, Option<Arc<Snapshot>>), CommandError> {
-        if let Some(done) = self.remembered(meta) {
+        let stream = command.stream();
+        if let Some(done) = self.remembered(meta, &stream) {
             return Ok((done, None));
         }
-        let stream = command.stream();
         let kind = command.kind();
         let correlation_id = correlation(meta);
         let mut attempts = 0;
@@ -332,10 +332,10 @@ impl CommandHandler {
         if !self.log.submits() {
             return Ok(AsyncExecuted::Blocking(command));
         }
-        if let Some(done) = self.remembered(meta) {
+        let stream = command.stream();
+        if let Some(done) = self.remembered(meta, &stream) {
             return Ok(AsyncExecuted::Done(done, None));
         }
-        let stream = command.stream();
         let kind = command.kind();
         let correlation_id = correlation(meta);
         let mut attempts = 0;
@@ -391,8 +391,8 @@ impl CommandHandler {
     }
 
     /// The answer already given to `meta`'s request id, if it was carried out lately.
-    fn remembered(&self, meta: &CommandMeta) -> Option<Executed> {
-        let id = meta.request_id?;
+    fn remembered(&self, meta: &CommandMeta, stream: &str) -> Option<Executed> {
+        let id = request_key(meta, stream)?;
         self.recent
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -452,7 +452,7 @@ impl CommandHandler {
             position: append.last_position,
             attempts,
         };
-        self.remember(meta.request_id, &done);
+        self.remember(request_key(meta, &done.stream), &done);
         done
     }
 
@@ -909,6 +909,19 @@ fn fresh_ctx() -> Ctx {
 
 /// The event id of the `index`-th event of a request: derived from the client's request id so
 /// a retry proposes the same ids (the store's idempotency), else a fresh UUID v7.
+/// What a client's request id means here: that principal's request on that stream. A retry
+/// (the same principal, object and id) finds its first answer and its events; the same id
+/// from another principal or for another object is another request (it neither replays nor
+/// blocks a stranger's write).
+fn request_key(meta: &CommandMeta, stream: &str) -> Option<Uuid> {
+    let id = meta.request_id?;
+    let mut scope = Vec::with_capacity(meta.actor.len() + 1 + stream.len());
+    scope.extend_from_slice(meta.actor.as_bytes());
+    scope.push(0);
+    scope.extend_from_slice(stream.as_bytes());
+    Some(Uuid::new_v5(&id, &scope))
+}
+
 fn event_id(request_id: Option<Uuid>, index: usize) -> Uuid {
     match request_id {
         Some(r) => Uuid::new_v5(&r, &(index as u64).to_be_bytes()),
@@ -954,7 +967,7 @@ fn to_request(
         .map(|(i, event)| {
             let encoded = vmplane_core::encode(event);
             ProposedEvent {
-                id: event_id(meta.request_id, i),
+                id: event_id(request_key(meta, stream), i),
                 event_type: encoded.type_name.to_owned(),
                 schema_version: encoded.version,
                 payload: encoded.bytes,

@@ -746,6 +746,49 @@ fn a_request_id_makes_a_retry_idempotent() {
 }
 
 #[test]
+fn a_request_id_reused_by_another_principal_or_for_another_object_is_another_request() {
+    let env = env();
+    let id = uuid::Uuid::now_v7();
+    let with_id = |actor: &str| {
+        let mut m = meta(actor);
+        m.request_id = Some(id);
+        m
+    };
+    let apply = |name: &str, memory: &str| Command::Vm {
+        namespace: "default".into(),
+        name: name.into(),
+        command: VmCommand::Apply(put(vm("default", name, memory))),
+    };
+    let first = env
+        .commands
+        .execute(&with_id("alice"), apply("demo", "128Mi"))
+        .expect("create");
+    // Bob's edit with the same id is written, not answered with alice's create.
+    let bobs = env
+        .commands
+        .execute(&with_id("bob"), apply("demo", "256Mi"))
+        .expect("bob's edit");
+    assert_eq!(bobs.outcome, Outcome::Configured);
+    assert!(bobs.position > first.position);
+    // Alice's request for another object with the same id is written too.
+    let other = env
+        .commands
+        .execute(&with_id("alice"), apply("other", "128Mi"))
+        .expect("another object");
+    assert_eq!(other.outcome, Outcome::Created);
+    assert!(other.position > bobs.position);
+    // A real retry still finds its first answer, from the log after a restart too.
+    let env = env.restart();
+    let head = env.log.head();
+    let again = env
+        .commands
+        .execute(&with_id("alice"), apply("demo", "128Mi"))
+        .expect("retry");
+    assert_eq!(again.position, first.position);
+    assert_eq!(env.log.head(), head, "a retry appends nothing");
+}
+
+#[test]
 fn instancetype_references_are_resolved_from_the_log() {
     let env = env();
     let it = vmplane_core::types::parse_manifest(
