@@ -17,25 +17,32 @@ use std::time::{Duration, Instant};
 /// How long a server may take from spawn to its ready line.
 pub const SERVER_READY_TIMEOUT_MS: u64 = 30_000;
 
-/// Path of the `vmplane` binary, built once per test run (`cargo build` is quick when fresh).
+/// Path of the `vmplane` binary, built once per test run (`cargo build` is quick when fresh),
+/// in the profile the tests were built in (`cargo test --release` drives a release binary, and
+/// does not build a second, debug tree for it).
 pub fn vmplane_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let target_dir = target_dir();
+        let profile = test_profile();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut args = vec![
+            "build",
+            "--quiet",
+            "-p",
+            "vmplane-gateway",
+            "--bin",
+            "vmplane",
+        ];
+        if profile == "release" {
+            args.push("--release");
+        }
         let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "vmplane-gateway",
-                "--bin",
-                "vmplane",
-            ])
+            .args(&args)
             .status()
             .expect("run cargo build for the vmplane binary");
         assert!(status.success(), "cargo build of the vmplane binary failed");
-        let bin = target_dir.join("debug").join("vmplane");
+        let bin = target_dir.join(profile).join("vmplane");
         assert!(
             bin.exists(),
             "vmplane binary not found at {}",
@@ -44,6 +51,17 @@ pub fn vmplane_bin() -> PathBuf {
         bin
     })
     .clone()
+}
+
+/// `release` when this test executable is in `<target>/release/deps/`, else `debug`.
+fn test_profile() -> &'static str {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let profile = exe.ancestors().nth(2).and_then(Path::file_name);
+    if profile.is_some_and(|p| p == "release") {
+        "release"
+    } else {
+        "debug"
+    }
 }
 
 fn target_dir() -> PathBuf {

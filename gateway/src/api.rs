@@ -7,6 +7,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio_stream::Stream;
@@ -43,6 +44,9 @@ pub struct Api {
     read_wait: Duration,
     wake: Option<vmplane_hypervisor::WakeHandle>,
     sagas: Option<Arc<crate::sagas::Sagas>>,
+    /// Set when the server is shutting down: open watches end (a server stream would
+    /// otherwise hold the graceful shutdown open for as long as its client stays).
+    stopping: Arc<AtomicBool>,
 }
 
 impl Api {
@@ -61,6 +65,7 @@ impl Api {
             auth,
             read_wait: Duration::from_secs(10),
             wake: None,
+            stopping: Arc::new(AtomicBool::new(false)),
             sagas: None,
         }
     }
@@ -69,6 +74,12 @@ impl Api {
     /// ([`crate::sagas`]), and pokes their driver after every accepted write.
     pub fn with_sagas(mut self, sagas: Option<Arc<crate::sagas::Sagas>>) -> Api {
         self.sagas = sagas;
+        self
+    }
+
+    /// Ends open watches once `stopping` is set (the server's shutdown).
+    pub fn with_stopping(mut self, stopping: Arc<AtomicBool>) -> Api {
+        self.stopping = stopping;
         self
     }
 
@@ -1058,9 +1069,18 @@ impl pb::watch_server::Watch for Api {
             .watch(after, WatchFilter { kind, namespace });
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER_EVENTS_MAX);
         let projections = self.projections.clone();
+        let stopping = Arc::clone(&self.stopping);
         tokio::task::spawn_blocking(move || {
+            let mut delivered = after.0;
             loop {
                 if tx.is_closed() {
+                    return;
+                }
+                if stopping.load(Ordering::Acquire) {
+                    let _ = tx.blocking_send(Err(Status::unavailable(format!(
+                        "the server is shutting down: watch again with --from-position {delivered} \
+                         (from_position) to continue without a gap"
+                    ))));
                     return;
                 }
                 let batch = match watch.next_batch(256, Duration::from_millis(500)) {
@@ -1099,9 +1119,11 @@ impl pb::watch_server::Watch for Api {
                         name: e.name,
                         event: e.event,
                     };
+                    let position = ev.position;
                     if tx.blocking_send(Ok(ev)).is_err() {
                         return;
                     }
+                    delivered = position;
                 }
             }
         });

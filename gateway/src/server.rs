@@ -62,6 +62,10 @@ fn check_listen_is_allowed(args: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long requests in flight may still finish after the shutdown signal (a watch ends at
+/// once, telling its client where to continue); their connections are closed after it.
+const SHUTDOWN_DRAIN_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Opens the log, binds `args.listen`, and serves until `shutdown` completes.
 pub async fn serve(
     args: ServeArgs,
@@ -89,10 +93,17 @@ pub async fn serve(
     };
     // One shutdown signal for every listener.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let stopping = Arc::clone(&stopping);
+        tokio::spawn(async move {
+            shutdown.await;
+            // Open watches end (they would hold the graceful shutdown open), then the
+            // listeners stop taking requests and the ones in flight finish.
+            stopping.store(true, std::sync::atomic::Ordering::Release);
+            let _ = stop_tx.send(true);
+        });
+    }
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
@@ -126,7 +137,8 @@ pub async fn serve(
     let api = Arc::new(
         Api::new(log.clone(), projections.clone(), commands, auth.clone())
             .with_wake(reconciler.as_ref().map(|(_, wake)| wake.clone()))
-            .with_sagas(Some(sagas.clone())),
+            .with_sagas(Some(sagas.clone()))
+            .with_stopping(Arc::clone(&stopping)),
     );
 
     // Every vmplane service answers SERVING by its name (`grpc.health.v1.Health/Check` with
@@ -177,7 +189,15 @@ pub async fn serve(
         head.0
     );
 
-    grpc.layer(MetricsLayer::new(metrics.clone()))
+    let drain_deadline = {
+        let rx = stop_rx.clone();
+        async move {
+            stopped(rx).await;
+            tokio::time::sleep(SHUTDOWN_DRAIN_MAX).await;
+        }
+    };
+    let serving = grpc
+        .layer(MetricsLayer::new(metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -207,9 +227,14 @@ pub async fn serve(
             pb::watch_server::WatchServer::from_arc(api.clone())
                 .max_decoding_message_size(REQUEST_BYTES_MAX),
         )
-        .serve_with_incoming_shutdown(incoming(listener), stopped(stop_rx))
-        .await
-        .context("serve gRPC")?;
+        .serve_with_incoming_shutdown(incoming(listener), stopped(stop_rx));
+    tokio::select! {
+        served = serving => served.context("serve gRPC")?,
+        () = drain_deadline => tracing::warn!(
+            "requests still open {}s after the shutdown signal: closing their connections",
+            SHUTDOWN_DRAIN_MAX.as_secs()
+        ),
+    }
     if let Some(task) = metrics_task {
         let _ = task.await;
     }

@@ -167,6 +167,38 @@ fn serve_exits_cleanly_on_sigterm_and_reopens_the_same_log() {
 }
 
 #[test]
+fn serve_exits_on_sigterm_with_a_watch_open_and_tells_the_watcher_where_to_continue() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let vmplane = vmplane_tests::Cli::new(&server);
+    let vm = vmplane_tests::repo_root().join("examples/vm.yaml");
+    let vm = vm.to_str().expect("utf-8 path");
+    let mut watch = vmplane.spawn(&["watch", "-A", "-o", "json", "--from-position", "0"]);
+    vmplane.ok(&["apply", "-f", vm]);
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("an event").expect("read the watch");
+    assert!(first.contains("VirtualMachine"), "{first}");
+    // Well under the server's drain bound: an open watch must not hold the shutdown.
+    let status = server.terminate(Duration::from_secs(5));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    let ended = watch.wait().expect("the watch ends");
+    assert!(!ended.success(), "a watch cut by the server fails: {ended}");
+    let mut stderr = String::new();
+    watch
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let line = vmplane_tests::one_error_line(&stderr);
+    assert!(
+        line.contains("shutting down") && line.contains("--from-position"),
+        "{line}"
+    );
+}
+
+#[test]
 fn serve_takes_a_log_cache_size_and_refuses_one_below_its_least() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
