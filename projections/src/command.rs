@@ -517,9 +517,7 @@ impl CommandHandler {
     /// Decides `command` against the current state without appending anything
     /// (`apply --dry-run`): the outcome it would have, or the rejection it gets.
     pub fn dry_run(&self, command: Command) -> Result<Outcome, CommandError> {
-        let (snapshot, _) = self.load(&command.stream(), command.kind())?;
-        let command = self.resolve(&snapshot.state, &command)?;
-        let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+        let (_, decision) = self.decided(&command)?;
         // What the append would check too: the uniqueness claims (a firmware UUID another VM
         // holds), against the holders now.
         let claims = store_claims(&decision);
@@ -534,12 +532,18 @@ impl CommandHandler {
         Ok(decision.outcome)
     }
 
+    /// `command` decided on the current state (references resolved), nothing appended.
+    fn decided(&self, command: &Command) -> Result<(Arc<Snapshot>, Decision), CommandError> {
+        let (snapshot, _) = self.load(&command.stream(), command.kind())?;
+        let command = self.resolve(&snapshot.state, command)?;
+        let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+        Ok((snapshot, decision))
+    }
+
     /// The outcome of `command` and the state it would leave: decided on the current state
     /// and folded, never appended.
     fn preview(&self, command: Command) -> Result<(Outcome, AggState), CommandError> {
-        let (snapshot, _) = self.load(&command.stream(), command.kind())?;
-        let command = self.resolve(&snapshot.state, &command)?;
-        let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+        let (snapshot, decision) = self.decided(&command)?;
         let mut state = snapshot.state.clone();
         for event in &decision.events {
             state.evolve(event);
@@ -907,8 +911,6 @@ fn fresh_ctx() -> Ctx {
     Ctx::new(chrono::Utc::now(), seed)
 }
 
-/// The event id of the `index`-th event of a request: derived from the client's request id so
-/// a retry proposes the same ids (the store's idempotency), else a fresh UUID v7.
 /// What a client's request id means here: that principal's request on that stream. A retry
 /// (the same principal, object and id) finds its first answer and its events; the same id
 /// from another principal or for another object is another request (it neither replays nor
@@ -922,6 +924,8 @@ fn request_key(meta: &CommandMeta, stream: &str) -> Option<Uuid> {
     Some(Uuid::new_v5(&id, &scope))
 }
 
+/// The event id of the `index`-th event of a request: derived from the client's request id so
+/// a retry proposes the same ids (the store's idempotency), else a fresh UUID v7.
 fn event_id(request_id: Option<Uuid>, index: usize) -> Uuid {
     match request_id {
         Some(r) => Uuid::new_v5(&r, &(index as u64).to_be_bytes()),
