@@ -17,25 +17,37 @@ use std::time::{Duration, Instant};
 /// How long a server may take from spawn to its ready line.
 pub const SERVER_READY_TIMEOUT_MS: u64 = 30_000;
 
-/// Path of the `vmplane` binary, built once per test run (`cargo build` is quick when fresh).
+/// Path of the `vmplane` binary, built once per test run (`cargo build` is quick when fresh),
+/// in the profile the tests were built with (`cargo test --release` tests the release binary).
+/// `VMPLANE_E2E_BIN=PATH` tests that binary instead, unbuilt (e.g. an older build, to see a
+/// new test fail on it).
 pub fn vmplane_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("VMPLANE_E2E_BIN") {
+            return PathBuf::from(bin);
+        }
         let target_dir = target_dir();
+        let release = test_profile() == "release";
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut args = vec![
+            "build",
+            "--quiet",
+            "-p",
+            "vmplane-gateway",
+            "--bin",
+            "vmplane",
+        ];
+        if release {
+            args.push("--release");
+        }
         let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "vmplane-gateway",
-                "--bin",
-                "vmplane",
-            ])
+            .args(args)
             .status()
             .expect("run cargo build for the vmplane binary");
         assert!(status.success(), "cargo build of the vmplane binary failed");
-        let bin = target_dir.join("debug").join("vmplane");
+        let profile = if release { "release" } else { "debug" };
+        let bin = target_dir.join(profile).join("vmplane");
         assert!(
             bin.exists(),
             "vmplane binary not found at {}",
@@ -44,6 +56,19 @@ pub fn vmplane_bin() -> PathBuf {
         bin
     })
     .clone()
+}
+
+/// The profile directory the test executable was built in (`<target>/<profile>/deps/`).
+fn test_profile() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.ancestors()
+                .nth(2)
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "debug".into())
 }
 
 fn target_dir() -> PathBuf {
@@ -78,6 +103,11 @@ impl Server {
     /// Starts `vmplane serve --data DIR --listen LISTEN EXTRA...` and waits for its ready line.
     /// The URL clients use points at loopback when the server listens on every address.
     pub fn start_listening(data: &Path, listen: &str, extra: &[&str]) -> Server {
+        Server::start_logging(data, listen, extra, "info")
+    }
+
+    /// [`Server::start_listening`] with `RUST_LOG=rust_log` (what [`Server::stderr`] then holds).
+    pub fn start_logging(data: &Path, listen: &str, extra: &[&str], rust_log: &str) -> Server {
         let mut command = Command::new(vmplane_bin());
         command
             .arg("serve")
@@ -85,7 +115,7 @@ impl Server {
             .arg(data)
             .args(["--listen", listen])
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
