@@ -19,10 +19,14 @@ pub const SERVER_READY_TIMEOUT_MS: u64 = 30_000;
 
 /// Path of the `vmplane` binary, built once per test run (`cargo build` is quick when fresh),
 /// in the profile the tests were built in (`cargo test --release` drives a release binary, and
-/// does not build a second, debug tree for it).
+/// does not build a second, debug tree for it). `VMPLANE_E2E_BIN=PATH` tests that binary instead,
+/// unbuilt (e.g. an older build, to see a new test fail on it).
 pub fn vmplane_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("VMPLANE_E2E_BIN") {
+            return PathBuf::from(bin);
+        }
         let target_dir = target_dir();
         let profile = test_profile();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -96,6 +100,11 @@ impl Server {
     /// Starts `vmplane serve --data DIR --listen LISTEN EXTRA...` and waits for its ready line.
     /// The URL clients use points at loopback when the server listens on every address.
     pub fn start_listening(data: &Path, listen: &str, extra: &[&str]) -> Server {
+        Server::start_logging(data, listen, extra, "info")
+    }
+
+    /// [`Server::start_listening`] with `RUST_LOG=rust_log` (what [`Server::stderr`] then holds).
+    pub fn start_logging(data: &Path, listen: &str, extra: &[&str], rust_log: &str) -> Server {
         let mut command = Command::new(vmplane_bin());
         command
             .arg("serve")
@@ -103,7 +112,7 @@ impl Server {
             .arg(data)
             .args(["--listen", listen])
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

@@ -42,7 +42,24 @@ pub struct Cause {
     pub field: String,
     /// Stable reason code clients can match on, e.g. `FIRMWARE_UUID_TAKEN`.
     pub code: &'static str,
-    /// What is wrong, for people.
+    /// What is wrong, for people. Never names an object of another namespace: that is
+    /// [`Cause::holder`]'s, said only to a reader who may read it.
+    pub reason: String,
+    /// Another object in the way (the VM holding a firmware UUID), kept apart from `reason`.
+    pub holder: Option<Holder>,
+}
+
+/// The object holding a unique value a command asked for (a firmware UUID's VM). It may be in
+/// a namespace the requester cannot read, so a cause carries it apart from its reason, and
+/// whoever words the cause for a reader ([`Rejection::describe_for`]) names it only when that
+/// reader may read its namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Its stream, e.g. `vm/imp/vm-cirros`.
+    pub stream: String,
+    /// Its namespace (from the stream), `None` when the stream names none.
+    pub namespace: Option<String>,
+    /// The cause's reason naming it (`firmware UUID … is already used by vm/imp/vm-cirros`).
     pub reason: String,
 }
 
@@ -53,17 +70,28 @@ impl Cause {
             field: field.into(),
             code,
             reason: reason.into(),
+            holder: None,
+        }
+    }
+
+    /// The cause as said to a reader: its holder named when `may_name(holder's namespace)`.
+    pub fn describe_for(&self, may_name: &dyn Fn(Option<&str>) -> bool) -> String {
+        let reason = match &self.holder {
+            Some(h) if may_name(h.namespace.as_deref()) => &h.reason,
+            _ => &self.reason,
+        };
+        if self.field.is_empty() {
+            reason.clone()
+        } else {
+            format!("{}: {reason}", self.field)
         }
     }
 }
 
+/// Names no holder: the wording safe for every reader.
 impl fmt::Display for Cause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            write!(f, "{}", self.reason)
-        } else {
-            write!(f, "{}: {}", self.field, self.reason)
-        }
+        f.write_str(&self.describe_for(&|_| false))
     }
 }
 
@@ -78,14 +106,25 @@ pub struct Rejection {
     pub actual_generation: Option<u64>,
 }
 
+/// Names no holder (see [`Rejection::describe_for`]).
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self.causes.iter().map(ToString::to_string).collect();
-        f.write_str(&parts.join("; "))
+        f.write_str(&self.describe_for(|_| false))
     }
 }
 
 impl Rejection {
+    /// Every cause, `; `-separated, as said to a reader: a cause's [`Holder`] is named only
+    /// when `may_name` allows its namespace (`None`: a holder whose stream names none).
+    pub fn describe_for(&self, may_name: impl Fn(Option<&str>) -> bool) -> String {
+        let parts: Vec<String> = self
+            .causes
+            .iter()
+            .map(|c| c.describe_for(&may_name))
+            .collect();
+        parts.join("; ")
+    }
+
     /// A rejection with one cause.
     pub fn one(category: Category, cause: Cause) -> Self {
         Rejection {

@@ -117,7 +117,7 @@ pub use aggregate::vm::{self, PutVm, VmCommand, VmState, VmiObservation};
 pub use aggregate::vmi::{self, VmiCommand, VmiState};
 pub use ctx::Ctx;
 pub use decision::{Claim, Decision, Outcome, streams};
-pub use error::{Category, Cause, Rejection, codes};
+pub use error::{Category, Cause, Holder, Rejection, codes};
 pub use event::{DecodeError, EncodedEvent, Event, decode, encode, validate_payload};
 pub use features::{FeatureStatus, FeatureUse, Features};
 pub use quantity::Quantity;

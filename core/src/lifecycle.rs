@@ -209,6 +209,19 @@ pub enum PrintableStatus {
 }
 
 impl PrintableStatus {
+    /// Every value, in declaration order.
+    pub const ALL: [PrintableStatus; 9] = [
+        PrintableStatus::Stopped,
+        PrintableStatus::Starting,
+        PrintableStatus::Running,
+        PrintableStatus::Paused,
+        PrintableStatus::Stopping,
+        PrintableStatus::Terminating,
+        PrintableStatus::CrashLoopBackOff,
+        PrintableStatus::ErrorUnschedulable,
+        PrintableStatus::Unknown,
+    ];
+
     /// KubeVirt's word.
     pub fn as_str(self) -> &'static str {
         match self {

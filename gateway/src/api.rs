@@ -105,30 +105,71 @@ impl Api {
     }
 }
 
-/// Checks `access` to `kind` objects of `namespace` (cluster-scoped kinds ignore it).
-fn authorize(p: &Principal, access: Access, kind: Kind, namespace: &str) -> Result<(), Status> {
-    let ns = kind.namespaced().then_some(namespace);
-    tracing::Span::current().record(
-        "object",
-        tracing::field::display(format_args!("{} {}", kind.as_str(), ns.unwrap_or("-"))),
-    );
+/// Checks `access` to `kind` objects of `namespace`, and records on the request's span the
+/// object it names (`name`; `None` for a list). Kinds decided for the whole cluster
+/// ([`Kind::cluster_wide`]: the cluster-scoped kinds and the cluster config, KubeVirt) ignore
+/// the namespace, whatever the request or the manifest names: every authenticated principal
+/// reads them, only an admin changes them.
+fn authorize(
+    p: &Principal,
+    access: Access,
+    kind: Kind,
+    namespace: &str,
+    name: Option<&str>,
+) -> Result<(), Status> {
+    let ns = (!kind.cluster_wide()).then_some(namespace);
+    match name {
+        Some(name) => record_object(&describe(kind, namespace, name)),
+        None => record_object(&format!("{} {}", kind.as_str(), ns.unwrap_or("-"))),
+    }
     if p.may(access, ns) {
         return Ok(());
     }
+    Err(denied(p, access, &format!("{} objects", kind.as_str()), ns))
+}
+
+/// Records the object a request is about on its tracing span (`grpc{… object=…}`).
+fn record_object(object: &str) {
+    tracing::Span::current().record("object", tracing::field::display(object));
+}
+
+/// PermissionDenied for `p` doing `access` to `what` objects of `namespace` (`None`: the
+/// cluster scope), saying what to do next. Built from the request alone, never from what
+/// exists, so it reveals nothing of the object.
+pub(crate) fn denied(p: &Principal, access: Access, what: &str, namespace: Option<&str>) -> Status {
     let verb = match access {
         Access::Read => "read",
         Access::Write => "change",
         Access::Admin => "administer",
     };
-    let scope = match ns {
-        Some(ns) => format!("in namespace {ns}"),
-        None => "(cluster-scoped)".to_string(),
+    let (scope, next) = match (access, namespace) {
+        (Access::Read, Some(ns)) => (
+            format!("in namespace {ns}"),
+            format!("ask an admin for the view or edit role in namespace {ns}"),
+        ),
+        (Access::Write, Some(ns)) => (
+            format!("in namespace {ns}"),
+            format!("ask an admin for the edit role in namespace {ns}"),
+        ),
+        (_, Some(ns)) => (
+            format!("in namespace {ns}"),
+            "use a token with the admin role".to_string(),
+        ),
+        (_, None) => (
+            "(cluster-wide)".to_string(),
+            "only the admin role may: use a token with the admin role".to_string(),
+        ),
     };
-    Err(Status::permission_denied(format!(
-        "principal {} may not {verb} {} objects {scope}",
-        p.name,
-        kind.as_str()
-    )))
+    Status::permission_denied(format!(
+        "principal {} may not {verb} {what} {scope}: {next}",
+        p.name
+    ))
+}
+
+/// Whether `p` may be told of an object in `namespace` (`None`: a stream naming none, told to
+/// an admin only): what a rejection naming a holder is worded for.
+fn may_name(p: &Principal, namespace: Option<&str>) -> bool {
+    p.is_admin() || namespace.is_some_and(|ns| p.may(Access::Read, Some(ns)))
 }
 
 fn parse_kind(kind: &str) -> Result<Kind, Status> {
@@ -168,9 +209,11 @@ fn from_projection(context: &str, err: vmplane_projections::Error) -> Status {
     }
 }
 
-fn from_command(object: &str, err: CommandError) -> Status {
+/// A command's error as `p` is told it: a rejection names an object in another namespace
+/// (the holder of a firmware UUID) only when `p` may read that namespace.
+fn from_command(p: &Principal, object: &str, err: CommandError) -> Status {
     match err {
-        CommandError::Rejected(r) => status::from_rejection(object, &r),
+        CommandError::Rejected(r) => status::from_rejection_for(object, &r, |ns| may_name(p, ns)),
         CommandError::Store(e) => status::from_store(object, &e),
         CommandError::Read(e) => from_projection(object, e),
         CommandError::RetriesExhausted { .. } => Status::aborted(format!("{object}: {err}")),
@@ -179,7 +222,7 @@ fn from_command(object: &str, err: CommandError) -> Status {
 }
 
 fn describe(kind: Kind, namespace: &str, name: &str) -> String {
-    if kind.namespaced() {
+    if !kind.cluster_wide() {
         format!("{} {namespace}/{name}", kind.as_str())
     } else {
         format!("{} {name}", kind.as_str())
@@ -403,7 +446,7 @@ impl pb::objects_server::Objects for Api {
             manifest.metadata_mut().namespace = Some(namespace.clone());
         }
         let name = manifest.metadata().name_str().to_string();
-        authorize(&p, Access::Write, kind, &namespace)?;
+        authorize(&p, Access::Write, kind, &namespace, Some(&name))?;
         let object = describe(kind, &namespace, &name);
         // Snapshots, restores and clones: `apply` starts (or continues) their saga.
         let saga = match &self.sagas {
@@ -448,15 +491,16 @@ impl pb::objects_server::Objects for Api {
                     return response;
                 }
                 Ok(AsyncExecuted::Blocking(back)) => command = Some(back),
-                Err(e) => return Err(from_command(&object, e)),
+                Err(e) => return Err(from_command(&p, &object, e)),
             }
         }
         let command = command.ok_or_else(|| Status::internal("no command"))?;
+        let reader = p.clone();
         let response = blocking(move || {
             if r.dry_run {
                 let outcome = commands
                     .dry_run(command)
-                    .map_err(|e| from_command(&object, e))?;
+                    .map_err(|e| from_command(&reader, &object, e))?;
                 return Ok(Response::new(pb::ApplyResponse {
                     object: Some(pb::Object {
                         kind: kind.as_str().to_string(),
@@ -476,7 +520,7 @@ impl pb::objects_server::Objects for Api {
             if let Some((sagas, m)) = saga {
                 let driven = sagas
                     .start(&meta, kind, &namespace, m)
-                    .map_err(|e| from_command(&object, e))?;
+                    .map_err(|e| from_command(&reader, &object, e))?;
                 let view = projections
                     .get(kind, &namespace, &name, Some(driven.position))
                     .map_err(|e| from_projection(&object, e))?
@@ -491,7 +535,7 @@ impl pb::objects_server::Objects for Api {
             }
             let (done, after) = commands
                 .execute_with_state(&meta, command)
-                .map_err(|e| from_command(&object, e))?;
+                .map_err(|e| from_command(&reader, &object, e))?;
             let written = Written::new(&object, kind, &namespace, &name, &done);
             written.answer(&projections, after.as_ref())
         })
@@ -511,7 +555,7 @@ impl pb::objects_server::Objects for Api {
         let rf = r.r#ref.unwrap_or_default();
         let kind = parse_kind(&rf.kind)?;
         let namespace = namespace_or_default(&rf.namespace);
-        authorize(&p, Access::Read, kind, &namespace)?;
+        authorize(&p, Access::Read, kind, &namespace, Some(&rf.name))?;
         let at = match r.at.and_then(|a| a.at) {
             None => At::Current,
             Some(pb::point_in_time::At::Revision(n)) => At::Revision(n),
@@ -552,18 +596,17 @@ impl pb::objects_server::Objects for Api {
         let r = request.into_inner();
         let kind = parse_kind(&r.kind)?;
         let namespace = namespace_or_default(&r.namespace);
-        // All namespaces: an admin sees every one; others see the ones they may read.
-        let (scope, readable) = if r.all_namespaces || !kind.namespaced() {
-            (
-                None,
-                if kind.namespaced() {
-                    p.readable_namespaces()
-                } else {
-                    None
-                },
-            )
+        // All namespaces: an admin sees every one; others see the ones they may read. Kinds
+        // decided for the whole cluster (the cluster config too) are listed whatever the
+        // namespace, as they are read by name.
+        let (scope, readable) = if kind.cluster_wide() {
+            authorize(&p, Access::Read, kind, &namespace, None)?;
+            (None, None)
+        } else if r.all_namespaces {
+            record_object(&format!("{} (all namespaces)", kind.as_str()));
+            (None, p.readable_namespaces())
         } else {
-            authorize(&p, Access::Read, kind, &namespace)?;
+            authorize(&p, Access::Read, kind, &namespace, None)?;
             (Some(namespace), None)
         };
         let projections = self.projections.clone();
@@ -658,7 +701,7 @@ impl pb::objects_server::Objects for Api {
         let rf = r.r#ref.unwrap_or_default();
         let kind = parse_kind(&rf.kind)?;
         let namespace = namespace_or_default(&rf.namespace);
-        authorize(&p, Access::Write, kind, &namespace)?;
+        authorize(&p, Access::Write, kind, &namespace, Some(&rf.name))?;
         let object = describe(kind, &namespace, &rf.name);
         let command = match kind {
             Kind::VirtualMachine => Command::Vm {
@@ -682,10 +725,11 @@ impl pb::objects_server::Objects for Api {
         };
         let meta = meta(&p, request_id(&r.request_id)?);
         let commands = self.commands.clone();
+        let reader = p.clone();
         let response = blocking(move || {
             let done = commands
                 .execute(&meta, command)
-                .map_err(|e| from_command(&object, e))?;
+                .map_err(|e| from_command(&reader, &object, e))?;
             Ok(Response::new(pb::DeleteResponse {
                 position: done.position.0,
             }))
@@ -714,12 +758,13 @@ impl pb::objects_server::Objects for Api {
                     )));
                 }
                 let namespace = namespace_or_default(&rf.namespace);
-                authorize(&p, Access::Read, kind, &namespace)?;
+                authorize(&p, Access::Read, kind, &namespace, Some(&rf.name))?;
                 let object = describe(kind, &namespace, &rf.name);
+                let reader = p.clone();
                 blocking(move || {
                     let vm = commands
                         .expand_vm(&namespace, &rf.name)
-                        .map_err(|e| from_command(&object, e))?
+                        .map_err(|e| from_command(&reader, &object, e))?
                         .ok_or_else(|| Status::not_found(format!("{object} not found")))?;
                     let json = serde_json::to_string(&vm)
                         .map_err(|e| Status::internal(format!("{object}: {e}")))?;
@@ -741,16 +786,23 @@ impl pb::objects_server::Objects for Api {
                     _ => namespace_or_default(&r.namespace),
                 };
                 manifest.metadata_mut().namespace = Some(namespace.clone());
-                authorize(&p, Access::Read, Kind::VirtualMachine, &namespace)?;
+                authorize(
+                    &p,
+                    Access::Read,
+                    Kind::VirtualMachine,
+                    &namespace,
+                    Some(manifest.metadata().name_str()),
+                )?;
                 let object = describe(
                     Kind::VirtualMachine,
                     &namespace,
                     manifest.metadata().name_str(),
                 );
+                let reader = p.clone();
                 blocking(move || {
                     let vm = commands
                         .expand_manifest(manifest)
-                        .map_err(|e| from_command(&object, e))?;
+                        .map_err(|e| from_command(&reader, &object, e))?;
                     let json = serde_json::to_string(&vm)
                         .map_err(|e| Status::internal(format!("{object}: {e}")))?;
                     Ok(Response::new(pb::ExpandResponse { json }))
@@ -798,7 +850,13 @@ impl Api {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
         let namespace = namespace_or_default(&r.namespace);
-        authorize(&p, Access::Write, Kind::VirtualMachine, &namespace)?;
+        authorize(
+            &p,
+            Access::Write,
+            Kind::VirtualMachine,
+            &namespace,
+            Some(&r.name),
+        )?;
         let object = describe(Kind::VirtualMachine, &namespace, &r.name);
         let meta = meta(&p, request_id(&r.request_id)?);
         let command = Command::Vm {
@@ -807,10 +865,11 @@ impl Api {
             command,
         };
         let commands = self.commands.clone();
+        let reader = p.clone();
         let response = blocking(move || {
             let done = commands
                 .execute(&meta, command)
-                .map_err(|e| from_command(&object, e))?;
+                .map_err(|e| from_command(&reader, &object, e))?;
             Ok(Response::new(pb::LifecycleResponse {
                 position: done.position.0,
                 outcome: done.outcome.as_str().to_string(),
@@ -835,7 +894,7 @@ impl pb::history_server::History for Api {
         let rf = r.r#ref.unwrap_or_default();
         let kind = parse_kind(&rf.kind)?;
         let namespace = namespace_or_default(&rf.namespace);
-        authorize(&p, Access::Read, kind, &namespace)?;
+        authorize(&p, Access::Read, kind, &namespace, Some(&rf.name))?;
         let object = describe(kind, &namespace, &rf.name);
         let projections = self.projections.clone();
         let (min, wait) = (r.min_position, self.read_wait);
@@ -873,7 +932,7 @@ impl pb::history_server::History for Api {
         let rf = r.r#ref.unwrap_or_default();
         let kind = parse_kind(&rf.kind)?;
         let namespace = namespace_or_default(&rf.namespace);
-        authorize(&p, Access::Read, kind, &namespace)?;
+        authorize(&p, Access::Read, kind, &namespace, Some(&rf.name))?;
         let object = describe(kind, &namespace, &rf.name);
         let projections = self.projections.clone();
         blocking(move || {
@@ -921,11 +980,9 @@ impl pb::history_server::History for Api {
             (None, p.readable_namespaces())
         } else {
             let ns = namespace_or_default(&r.namespace);
+            record_object(&format!("audit {ns}"));
             if !p.may(Access::Read, Some(&ns)) {
-                return Err(Status::permission_denied(format!(
-                    "principal {} may not read the audit of namespace {ns}",
-                    p.name
-                )));
+                return Err(denied(&p, Access::Read, "the audit", Some(&ns)));
             }
             (Some(ns), None)
         };
@@ -956,9 +1013,8 @@ impl pb::history_server::History for Api {
                 .iter_mut()
                 .filter(|a| a.kind == Kind::KubeVirt.as_str())
             {
-                if let Some((namespace, name)) = cluster_config_identity(&projections, a.position)?
-                {
-                    (a.namespace, a.name) = (namespace, name);
+                if let Some(name) = cluster_config_name(&projections, a.position)? {
+                    a.name = name;
                 }
             }
             // The newest `limit`, oldest first: what happened most recently, in order.
@@ -983,15 +1039,15 @@ impl pb::history_server::History for Api {
     }
 }
 
-/// The KubeVirt object's namespace and name at `position`, for audit and watch entries: its
-/// stream (`cluster/config`) does not carry them. Filled in after the namespace check: the
-/// cluster configuration is readable by every principal.
-fn cluster_config_identity(
-    projections: &Projections,
-    position: u64,
-) -> Result<Option<(String, String)>, Status> {
+/// The KubeVirt object's name at `position`, for audit and watch entries: its stream
+/// (`cluster/config`) does not carry it. The entry stays in the cluster scope (no namespace),
+/// as the cluster config is one object for the whole cluster whatever namespace its manifest
+/// named, readable by every principal: an entry never shows a namespace its reader has no
+/// role in.
+fn cluster_config_name(projections: &Projections, position: u64) -> Result<Option<String>, Status> {
     projections
         .cluster_config_identity(Position(position))
+        .map(|identity| identity.map(|(_, name)| name))
         .map_err(|e| from_projection("KubeVirt", e))
 }
 
@@ -1048,11 +1104,9 @@ impl pb::watch_server::Watch for Api {
             (None, p.readable_namespaces())
         } else {
             let ns = namespace_or_default(&r.namespace);
+            record_object(&format!("watch {ns}"));
             if !p.may(Access::Read, Some(&ns)) {
-                return Err(Status::permission_denied(format!(
-                    "principal {} may not watch namespace {ns}",
-                    p.name
-                )));
+                return Err(denied(&p, Access::Read, "the events", Some(&ns)));
             }
             (Some(ns), None)
         };
@@ -1099,10 +1153,8 @@ impl pb::watch_server::Watch for Api {
                     }
                     let mut e = e;
                     if e.kind == Kind::KubeVirt.as_str() {
-                        match cluster_config_identity(&projections, e.position) {
-                            Ok(Some((namespace, name))) => {
-                                (e.namespace, e.name) = (namespace, name)
-                            }
+                        match cluster_config_name(&projections, e.position) {
+                            Ok(Some(name)) => e.name = name,
                             Ok(None) => {}
                             Err(status) => {
                                 let _ = tx.blocking_send(Err(status));

@@ -15,7 +15,9 @@
 //!     roles: [{role: admin}]
 //! ```
 //!
-//! A request carries its token as `authorization: Bearer <token>`. The token is hashed and the
+//! A request carries its token as `authorization: Bearer <token>` (the scheme in any case, as
+//! RFC 7235 has it). Principals `local` and `system:*` are refused: they are vmplane's own
+//! actors (see [`Authenticator::parse`]). The token is hashed and the
 //! digest compared with every entry in constant time. Without `--auth` every request acts as
 //! principal `local` with the admin role (and the server only listens on loopback).
 //!
@@ -174,6 +176,28 @@ struct RoleEntry {
     namespaces: Vec<String>,
 }
 
+/// Why `name` may not be a principal of an `--auth` file, if it may not: the actors vmplane
+/// records for itself, which a token must not impersonate in the audit (compared without case
+/// or surrounding spaces, so no look-alike passes either).
+fn reserved_principal(name: &str) -> Option<&'static str> {
+    let name = name.trim().to_ascii_lowercase();
+    if name == "local" {
+        Some("it is the actor of every request to a server without --auth")
+    } else if name.starts_with("system:") {
+        Some("names starting with system: are vmplane's own actors (system:reconciler)")
+    } else {
+        None
+    }
+}
+
+/// The token of an `authorization` header value: `Bearer <token>`, the scheme in any case
+/// (RFC 7235: auth schemes are case-insensitive), spaces around the token ignored.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// The tokens a server accepts.
 #[derive(Debug, Clone)]
 pub struct Authenticator {
@@ -221,6 +245,12 @@ impl Authenticator {
             let at = format!("tokens[{i}]");
             if t.principal.trim().is_empty() {
                 return Err(format!("{at}.principal: must not be empty"));
+            }
+            if let Some(why) = reserved_principal(&t.principal) {
+                return Err(format!(
+                    "{at}.principal: {:?} is reserved: {why}; choose another name",
+                    t.principal
+                ));
             }
             let mut digest = [0u8; 32];
             hex::decode_to_slice(t.sha256.trim(), &mut digest).map_err(|_| {
@@ -304,11 +334,11 @@ pub fn principal_of(
             let token = metadata
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
+                .and_then(bearer_token)
                 .ok_or_else(|| {
                     tonic::Status::unauthenticated("no bearer token: pass --token or VMPLANE_TOKEN")
                 })?;
-            auth.authenticate(token.trim())
+            auth.authenticate(token)
                 .ok_or_else(|| tonic::Status::unauthenticated("the bearer token is not valid"))?
         }
     };
@@ -379,6 +409,34 @@ mod tests {
             assert!(ops.may(access, None));
         }
         assert_eq!(ops.readable_namespaces(), None);
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in ["Bearer t", "bearer t", "BEARER t", "bEaReR  t "] {
+            assert_eq!(bearer_token(value), Some("t"), "{value:?}");
+        }
+        for value in ["Basic t", "Bearer", "Bearer ", "Bearert", "t"] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn reserved_principals_are_refused_naming_the_field() {
+        for name in ["local", "system:reconciler", "System:anything", " LOCAL "] {
+            let text = format!(
+                "tokens:\n  - principal: ops\n    sha256: {}\n    roles: [{{role: admin}}]\n  - principal: {name:?}\n    sha256: {}\n    roles: [{{role: admin}}]\n",
+                token_digest_hex("a"),
+                token_digest_hex("b")
+            );
+            let err = Authenticator::parse(&text).expect_err(name);
+            assert!(
+                err.starts_with("tokens[1].principal: ") && err.contains("reserved"),
+                "{err}"
+            );
+        }
+        assert!(reserved_principal("localhost").is_none());
+        assert!(reserved_principal("systems").is_none());
     }
 
     #[test]

@@ -291,7 +291,7 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
                 None | Some(Output::Table) => {
                     if resp.items.is_empty() {
                         let cluster_scoped = vmplane_core::types::Kind::from_cli_name(&a.kind)
-                            .is_some_and(|k| !k.namespaced());
+                            .is_some_and(|k| k.cluster_wide());
                         if cluster_scoped {
                             eprintln!("No resources found.");
                         } else if a.all_namespaces {

@@ -14,12 +14,19 @@
 //! | `vmplane_vmi_feature_mismatch` | gauge | |
 //!
 //! Gauges are computed when scraped, from the log and the projections: nothing here is a
-//! second truth. The exposition is OpenMetrics text (what `prometheus_client` writes, ending in
+//! second truth. `vmplane_vms` has a series for every printableStatus (and any other status
+//! seen since start), 0 when no VM has it, so a status does not vanish from the scrape.
+//!
+//! The `method` label is the request's path only for the methods the server serves (the
+//! vmplane services, health and reflection, read from their descriptor sets); any other path
+//! is `method="unknown"`, so requests to made-up paths (unauthenticated, before any handler)
+//! cannot add series without bound. The exposition is OpenMetrics text (what `prometheus_client` writes, ending in
 //! `# EOF`), served with OpenMetrics' content type so a scraper parses it as such.
 
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -61,7 +68,57 @@ pub struct Metrics {
     projection_applied: Gauge,
     projection_lag: Gauge,
     vms: Family<StatusLabels, Gauge>,
+    /// Every status `vms` has a series for: each printableStatus, and any other seen.
+    vm_statuses: Mutex<BTreeSet<String>>,
     feature_mismatch: Gauge,
+}
+
+/// The `method` label of unknown paths.
+pub const UNKNOWN_METHOD: &str = "unknown";
+
+/// Every gRPC method the server serves, as request paths (`/vmplane.v1.Objects/Get`): read
+/// from the descriptor sets of vmplane's services, health and reflection (v1 and v1alpha).
+fn known_methods() -> &'static HashSet<String> {
+    static KNOWN: OnceLock<HashSet<String>> = OnceLock::new();
+    KNOWN.get_or_init(|| {
+        use prost::Message as _;
+        let mut methods = HashSet::new();
+        for encoded in [
+            crate::pb::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ] {
+            // Compiled in, so it decodes; if one did not, its methods would be `unknown` (a
+            // unit test holds every set decodable).
+            let Ok(set) = prost_types::FileDescriptorSet::decode(encoded) else {
+                continue;
+            };
+            for file in &set.file {
+                for service in &file.service {
+                    for method in &service.method {
+                        methods.insert(format!(
+                            "/{}.{}/{}",
+                            file.package(),
+                            service.name(),
+                            method.name()
+                        ));
+                    }
+                }
+            }
+        }
+        methods
+    })
+}
+
+/// The `method` label of a request to `path`: the path when the server serves it, else
+/// [`UNKNOWN_METHOD`].
+pub fn method_label(path: &str) -> &str {
+    if known_methods().contains(path) {
+        path
+    } else {
+        UNKNOWN_METHOD
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -129,6 +186,12 @@ impl Metrics {
             projection_applied,
             projection_lag,
             vms,
+            vm_statuses: Mutex::new(
+                vmplane_core::lifecycle::PrintableStatus::ALL
+                    .iter()
+                    .map(|s| s.as_str().to_string())
+                    .collect(),
+            ),
             feature_mismatch,
         }
     }
@@ -151,7 +214,7 @@ impl Metrics {
         self.log_head.set(head as i64);
         self.projection_applied.set(applied as i64);
         self.projection_lag.set(head.saturating_sub(applied) as i64);
-        self.vms.clear();
+        let mut counts: BTreeMap<String, i64> = BTreeMap::new();
         let mut mismatched = 0i64;
         // One VM at a time: a scrape of a large cluster holds no list of every VM.
         projections
@@ -161,9 +224,7 @@ impl Metrics {
                     .as_str()
                     .unwrap_or("Unknown")
                     .to_string();
-                self.vms
-                    .get_or_create(&StatusLabels { status: printable })
-                    .inc();
+                *counts.entry(printable).or_default() += 1;
                 let conditions = status["conditions"]
                     .as_array()
                     .map(Vec::as_slice)
@@ -175,6 +236,22 @@ impl Metrics {
                 }
             })
             .map_err(|e| format!("listing VMs: {e}"))?;
+        {
+            // Every status reported so far keeps its series, at 0 when no VM has it.
+            let mut statuses = self
+                .vm_statuses
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            statuses.extend(counts.keys().cloned());
+            for status in statuses.iter() {
+                let count = counts.get(status).copied().unwrap_or(0);
+                self.vms
+                    .get_or_create(&StatusLabels {
+                        status: status.clone(),
+                    })
+                    .set(count);
+            }
+        }
         self.feature_mismatch.set(mismatched);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
@@ -269,7 +346,9 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = request.uri().path().to_string();
+        // Only the server's own methods name a series (and the span): a made-up path is
+        // `unknown`, so no request can grow the metrics without bound.
+        let method = method_label(request.uri().path()).to_string();
         let metrics = self.metrics.clone();
         let span = tracing::info_span!(
             "grpc",
@@ -303,5 +382,33 @@ where
             }
             .instrument(span),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_servers_methods_keep_their_path_and_anything_else_is_unknown() {
+        for served in [
+            "/vmplane.v1.Objects/Get",
+            "/vmplane.v1.Objects/Apply",
+            "/vmplane.v1.Watch/Watch",
+            "/vmplane.v1.Admin/Backup",
+            "/grpc.health.v1.Health/Check",
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        ] {
+            assert_eq!(method_label(served), served);
+        }
+        for junk in [
+            "/vmplane.v1.Objects/Nope",
+            "/x.Y/Z",
+            "/",
+            "/vmplane.v1.Objects/Get/",
+        ] {
+            assert_eq!(method_label(junk), UNKNOWN_METHOD, "{junk}");
+        }
     }
 }

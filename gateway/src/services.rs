@@ -62,7 +62,8 @@ impl pb::admin_server::Admin for AdminService {
         let p = self.principal(request.metadata())?;
         if !p.is_admin() {
             return Err(Status::permission_denied(format!(
-                "principal {} may not read the log's facts: the admin role is needed",
+                "principal {} may not read the log's facts: the admin role is needed; use a \
+                 token with the admin role",
                 p.name
             )));
         }
@@ -90,7 +91,8 @@ impl pb::admin_server::Admin for AdminService {
         let principal = self.principal(request.metadata())?;
         if !principal.is_admin() {
             return Err(Status::permission_denied(format!(
-                "{} may not back up the log: admin backup needs the admin role",
+                "principal {} may not back up the log: admin backup needs the admin role; use \
+                 a token with the admin role",
                 principal.name
             )));
         }

@@ -27,12 +27,25 @@ pub fn code_for(category: Category) -> Code {
 }
 
 /// A domain rejection as a gRPC status; `object` (e.g. `VirtualMachine default/demo`) prefixes
-/// the message.
+/// the message. Names no other object a cause carries ([`vmplane_core::Holder`]): see
+/// [`from_rejection_for`].
 pub fn from_rejection(object: &str, rejection: &Rejection) -> Status {
+    from_rejection_for(object, rejection, |_| false)
+}
+
+/// [`from_rejection`] for a reader: a cause's holder (the VM holding a firmware UUID) is named
+/// when `may_name(its namespace)`, else the cause says "another object", naming neither it nor
+/// its namespace.
+pub fn from_rejection_for(
+    object: &str,
+    rejection: &Rejection,
+    may_name: impl Fn(Option<&str>) -> bool,
+) -> Status {
+    let said = rejection.describe_for(may_name);
     let message = if object.is_empty() {
-        rejection.to_string()
+        said
     } else {
-        format!("{object}: {rejection}")
+        format!("{object}: {said}")
     };
     let mut status = Status::new(code_for(rejection.category), message);
     let reasons: Vec<&str> = rejection.causes.iter().map(|c| c.code).collect();
@@ -138,6 +151,35 @@ mod tests {
             s.metadata().get(REASONS_KEY).and_then(|v| v.to_str().ok()),
             Some("FIELD_REQUIRED,QUANTITY_INVALID")
         );
+    }
+
+    #[test]
+    fn a_firmware_uuid_holder_is_named_only_to_a_reader_of_its_namespace() {
+        let r = Rejection::firmware_uuid_taken("0d2a", "vm/imp/vm-cirros");
+        let object = "VirtualMachine team-a/vm-cirros";
+        let named = from_rejection_for(object, &r, |ns| ns == Some("imp"));
+        assert_eq!(named.code(), Code::AlreadyExists);
+        assert!(
+            named
+                .message()
+                .ends_with("is already used by vm/imp/vm-cirros"),
+            "{}",
+            named.message()
+        );
+        for hidden in [
+            from_rejection_for(object, &r, |ns| ns == Some("team-a")),
+            from_rejection(object, &r),
+        ] {
+            assert_eq!(hidden.code(), Code::AlreadyExists);
+            assert!(
+                hidden
+                    .message()
+                    .ends_with("is already used by another object")
+                    && !hidden.message().contains("imp"),
+                "{}",
+                hidden.message()
+            );
+        }
     }
 
     #[test]

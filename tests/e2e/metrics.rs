@@ -1,8 +1,12 @@
-//! `--metrics-listen`: Prometheus metrics by method and code, log position, lag, VMs by status.
+//! `--metrics-listen`: Prometheus metrics by method and code, log position, lag, VMs by status;
+//! and the tracing span of every request.
 
 use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
-use vmplane_tests::{Server, run_cli};
+use vmplane_tests::{Cli, Server, run_cli};
+
+use crate::{channel, rt};
 
 /// Picks a free loopback port for the metrics listener (the gRPC one is chosen by the server).
 fn free_port() -> u16 {
@@ -58,4 +62,149 @@ fn metrics_count_requests_by_method_and_code_and_report_vms_by_status() {
         "{head}"
     );
     assert!(body.trim_end().ends_with("# EOF"), "{body}");
+}
+
+/// The server's `--metrics-listen` port and the server (no hypervisor: nothing runs a VM).
+fn metrics_server(dir: &std::path::Path) -> (Server, u16) {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let server = Server::start(
+        &dir.join("data"),
+        &["--hypervisor", "none", "--metrics-listen", &listen],
+    );
+    (server, port)
+}
+
+/// A gRPC call to `path`, whatever it is; the code it answered.
+async fn call_path(channel: tonic::transport::Channel, path: &str) -> tonic::Code {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("channel ready");
+    let path: tonic::codegen::http::uri::PathAndQuery = path.parse().expect("a path");
+    let codec = tonic_prost::ProstCodec::<(), ()>::default();
+    match grpc.unary(tonic::Request::new(()), path, codec).await {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+#[test]
+fn requests_to_made_up_paths_share_one_unknown_method_series() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (server, port) = metrics_server(dir.path());
+    let junk = 40;
+    rt().block_on(async {
+        let channel = channel(&server).await;
+        for i in 0..junk {
+            let code = call_path(channel.clone(), &format!("/junk{i}.Service/Method{i}")).await;
+            assert_eq!(code, tonic::Code::Unimplemented);
+        }
+        // A real method keeps its own series.
+        let code = call_path(channel.clone(), "/grpc.health.v1.Health/Check").await;
+        assert_eq!(code, tonic::Code::Ok);
+    });
+    let text = scrape(port);
+    assert!(
+        !text.contains("junk"),
+        "a made-up path names a series:\n{text}"
+    );
+    for want in [
+        format!(
+            r#"vmplane_grpc_server_handled_total{{method="unknown",code="Unimplemented"}} {junk}"#
+        ),
+        format!(
+            r#"vmplane_grpc_server_handling_seconds_count{{method="unknown",code="Unimplemented"}} {junk}"#
+        ),
+        r#"vmplane_grpc_server_handled_total{method="/grpc.health.v1.Health/Check",code="Ok"} 1"#
+            .to_string(),
+    ] {
+        assert!(text.contains(&want), "missing {want:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn a_vm_status_no_vm_has_is_reported_as_zero_not_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (server, port) = metrics_server(dir.path());
+    let cli = Cli::new(&server);
+    // Before any VM: every printableStatus is there, at 0.
+    let text = scrape(port);
+    for status in ["Stopped", "Running", "Starting", "Unknown"] {
+        let want = format!(r#"vmplane_vms{{status="{status}"}} 0"#);
+        assert!(text.contains(&want), "missing {want:?} in:\n{text}");
+    }
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/vm.yaml");
+    cli.ok(&["apply", "-f", examples]);
+    let text = scrape(port);
+    assert!(
+        text.contains(r#"vmplane_vms{status="Stopped"} 1"#),
+        "{text}"
+    );
+    // The last Stopped VM goes: the series drops to 0, it does not vanish.
+    cli.ok(&["delete", "vm", "demo"]);
+    let text = scrape(port);
+    assert!(
+        text.contains(r#"vmplane_vms{status="Stopped"} 0"#),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_request_span_names_the_principal_and_the_object() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The span's fields are written with each event inside it: "request done" is a debug one.
+    let server = Server::start_logging(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--hypervisor", "none"],
+        "info,vmplane_gateway=debug",
+    );
+    let cli = Cli::new(&server);
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/vm.yaml");
+    cli.ok(&["apply", "-f", examples]);
+    cli.ok(&["get", "vm", "demo"]);
+    cli.fails(&["get", "vm", "nope"]);
+    cli.ok(&["get", "vms"]);
+    cli.ok(&["history", "vm", "demo"]);
+    let wanted = [
+        (
+            "/vmplane.v1.Objects/Apply",
+            "object=VirtualMachine default/demo}",
+        ),
+        (
+            "/vmplane.v1.Objects/Get",
+            "object=VirtualMachine default/demo}",
+        ),
+        (
+            "/vmplane.v1.Objects/Get",
+            "object=VirtualMachine default/nope}",
+        ),
+        ("/vmplane.v1.Objects/List", "object=VirtualMachine default}"),
+        (
+            "/vmplane.v1.History/History",
+            "object=VirtualMachine default/demo}",
+        ),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = server.stderr();
+        let missing: Vec<_> = wanted
+            .iter()
+            .filter(|(method, object)| {
+                !log.lines().any(|l| {
+                    l.contains("request done")
+                        && l.contains(&format!("grpc{{method={method} "))
+                        && l.contains(r#"principal="local""#)
+                        && l.contains(object)
+                })
+            })
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no span with {missing:?} in the server's log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -425,14 +425,16 @@ fn audit_and_watch_name_the_kubevirt_object_and_filter_by_the_kind_an_event_is_a
         .expect("the VMI's entries");
     assert_eq!(last_vmi_entry["position"].as_u64(), Some(vmi_before));
 
-    // The KubeVirt object lives in the stream `cluster/config`: its entries still name it.
+    // The KubeVirt object lives in the stream `cluster/config`: its entries still name it, in
+    // the cluster scope (no namespace: it is one object for the whole cluster, whatever
+    // namespace its manifest names).
     let audit = json(&vmplane.ok(&["audit", "-A", "-o", "json"]));
     let entries = audit.as_array().expect("a list");
     let kv: Vec<&Value> = entries.iter().filter(|e| e["kind"] == "KubeVirt").collect();
     assert_eq!(kv.len(), 1, "{audit}");
     assert_eq!(
         (kv[0]["namespace"].as_str(), kv[0]["name"].as_str()),
-        (Some("kubevirt"), Some("kubevirt")),
+        (Some(""), Some("kubevirt")),
         "{}",
         kv[0]
     );
@@ -440,7 +442,7 @@ fn audit_and_watch_name_the_kubevirt_object_and_filter_by_the_kind_an_event_is_a
     assert_eq!(first[0]["kind"], "KubeVirt");
     assert_eq!(
         (first[0]["namespace"].as_str(), first[0]["name"].as_str()),
-        (Some("kubevirt"), Some("kubevirt"))
+        (Some(""), Some("kubevirt"))
     );
 
     // --kind is the kind an entry is about: the VMI's events are not VM entries.

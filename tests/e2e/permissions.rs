@@ -77,18 +77,19 @@ impl Caller {
     }
 
     /// May read objects of `scope` (INTERFACE.md: view/edit namespaces; cluster-scoped objects
-    /// readable by every authenticated principal).
+    /// and the cluster config readable by every authenticated principal).
     fn may_read(self, scope: Scope) -> bool {
         match (self, scope) {
             (Caller::Ops, _) => true,
-            (c, Scope::Cluster) => c.authenticated(),
+            (c, Scope::Cluster | Scope::Config) => c.authenticated(),
             (Caller::Alice, Scope::Ns(ns)) => ns == "team-a" || ns == "shared",
             (Caller::Vera, Scope::Ns(ns)) => ns == "team-a",
             _ => false,
         }
     }
 
-    /// May change objects of `scope` (cluster-scoped: admin only).
+    /// May change objects of `scope` (cluster-scoped and the cluster config, whatever namespace
+    /// it names: admin only).
     fn may_write(self, scope: Scope) -> bool {
         matches!(
             (self, scope),
@@ -101,20 +102,29 @@ impl Caller {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scope {
     Ns(&'static str),
+    /// Cluster instancetypes.
     Cluster,
+    /// The cluster config (kind KubeVirt), named in namespace team-a, where alice may edit:
+    /// still one object for the whole cluster, changed by an admin only.
+    Config,
 }
 
-const SCOPES: [Scope; 4] = [
+const SCOPES: [Scope; 5] = [
     Scope::Ns("team-a"),
     Scope::Ns("shared"),
     Scope::Ns("team-b"),
     Scope::Cluster,
+    Scope::Config,
 ];
+
+/// The namespace the cluster config's requests and manifests name.
+const CONFIG_NAMESPACE: &str = "team-a";
 
 /// The RPCs of the matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rpc {
     Apply,
+    DryRun,
     Get,
     GetMissing,
     List,
@@ -136,8 +146,9 @@ enum Rpc {
 }
 
 /// In the order they run (per caller and scope: stop, start, restart act on one VM).
-const RPCS: [Rpc; 19] = [
+const RPCS: [Rpc; 20] = [
     Rpc::Apply,
+    Rpc::DryRun,
     Rpc::Get,
     Rpc::GetMissing,
     Rpc::List,
@@ -169,7 +180,9 @@ enum Access {
 impl Rpc {
     fn access(self) -> Access {
         match self {
-            Rpc::Apply | Rpc::Delete | Rpc::Stop | Rpc::Start | Rpc::Restart => Access::Write,
+            Rpc::Apply | Rpc::DryRun | Rpc::Delete | Rpc::Stop | Rpc::Start | Rpc::Restart => {
+                Access::Write
+            }
             Rpc::ListAll | Rpc::AuditAll | Rpc::WatchAll => Access::Anyone,
             Rpc::LogInfo => Access::Admin,
             _ => Access::Read,
@@ -189,7 +202,9 @@ impl Rpc {
             | Rpc::Start
             | Rpc::Restart
             | Rpc::Audit
-            | Rpc::Watch => scope != Scope::Cluster,
+            | Rpc::Watch => matches!(scope, Scope::Ns(_)),
+            // The cluster config's history is its stream's, whatever the name asked.
+            Rpc::HistoryMissing => scope != Scope::Config,
             _ => true,
         }
     }
@@ -351,6 +366,8 @@ async fn admin_apply(c: &mut Clients, manifest: String, ns: &str) {
 /// an instancetype with two revisions and one per caller to delete.
 async fn set_up(server: &Server) {
     let mut c = Clients::new(channel(server).await, Some(OPS));
+    admin_apply(&mut c, kubevirt_config(&[]), "").await;
+    admin_apply(&mut c, kubevirt_config(&["Sidecar"]), "").await;
     for ns in ["team-a", "shared", "team-b"] {
         admin_apply(&mut c, vm("demo", "Halted"), ns).await;
         admin_apply(&mut c, vm("demo", "Halted").replace("128Mi", "256Mi"), ns).await;
@@ -371,8 +388,24 @@ async fn set_up(server: &Server) {
     }
 }
 
+/// The cluster config, named in [`CONFIG_NAMESPACE`], with these feature gates on.
+fn kubevirt_config(gates: &[&str]) -> String {
+    let gates: Vec<String> = gates.iter().map(|g| format!("\"{g}\"")).collect();
+    format!(
+        r#"{{"apiVersion":"kubevirt.io/v1","kind":"KubeVirt","metadata":{{"name":"kubevirt",
+"namespace":"{CONFIG_NAMESPACE}"}},"spec":{{"configuration":{{"developerConfiguration":{{
+"featureGates":[{}]}}}}}}}}"#,
+        gates.join(",")
+    )
+}
+
 fn object_ref(scope: Scope, name: &str) -> pb::ObjectRef {
     match scope {
+        Scope::Config => pb::ObjectRef {
+            kind: "kubevirt".into(),
+            namespace: CONFIG_NAMESPACE.into(),
+            name: name.into(),
+        },
         Scope::Ns(ns) => pb::ObjectRef {
             kind: "vm".into(),
             namespace: ns.into(),
@@ -398,15 +431,23 @@ fn namespace(scope: Scope) -> String {
 async fn call(c: &mut Clients, caller: Caller, rpc: Rpc, scope: Scope) -> (Code, String) {
     let tag = caller.tag();
     let result: Result<(), Status> = match rpc {
-        Rpc::Apply => {
+        Rpc::Apply | Rpc::DryRun => {
+            let dry_run = rpc == Rpc::DryRun;
+            let name = if dry_run {
+                format!("dry-{tag}")
+            } else {
+                format!("ap-{tag}")
+            };
             let manifest = match scope {
-                Scope::Ns(_) => vm(&format!("ap-{tag}"), "Halted"),
-                Scope::Cluster => cluster_instancetype(&format!("ap-{tag}"), 1),
+                Scope::Ns(_) => vm(&name, "Halted"),
+                Scope::Cluster => cluster_instancetype(&name, 1),
+                Scope::Config => kubevirt_config(&["Sidecar"]),
             };
             c.objects
                 .apply(pb::ApplyRequest {
                     manifest,
                     namespace: namespace(scope),
+                    dry_run,
                     ..Default::default()
                 })
                 .await
@@ -417,6 +458,7 @@ async fn call(c: &mut Clients, caller: Caller, rpc: Rpc, scope: Scope) -> (Code,
                 match scope {
                     Scope::Ns(_) => "demo",
                     Scope::Cluster => "matrix-demo",
+                    Scope::Config => "kubevirt",
                 }
             } else {
                 "nothing-here"
@@ -440,6 +482,22 @@ async fn call(c: &mut Clients, caller: Caller, rpc: Rpc, scope: Scope) -> (Code,
             })
             .await
             .map(drop),
+        Rpc::Delete if scope == Scope::Config => {
+            // The one cluster config: an admin's delete is undone at once, so the callers
+            // after it find it as the setup left it.
+            let deleted = c
+                .objects
+                .delete(pb::DeleteRequest {
+                    r#ref: Some(object_ref(scope, "kubevirt")),
+                    ..Default::default()
+                })
+                .await
+                .map(drop);
+            if deleted.is_ok() {
+                admin_apply(c, kubevirt_config(&["Sidecar"]), "").await;
+            }
+            deleted
+        }
         Rpc::Delete => c
             .objects
             .delete(pb::DeleteRequest {
@@ -483,6 +541,7 @@ async fn call(c: &mut Clients, caller: Caller, rpc: Rpc, scope: Scope) -> (Code,
                 (Rpc::HistoryMissing, _) => "nothing-here",
                 (_, Scope::Ns(_)) => "demo",
                 (_, Scope::Cluster) => "matrix-demo",
+                (_, Scope::Config) => "kubevirt",
             };
             c.history
                 .history(pb::HistoryRequest {
@@ -496,6 +555,7 @@ async fn call(c: &mut Clients, caller: Caller, rpc: Rpc, scope: Scope) -> (Code,
             let name = match scope {
                 Scope::Ns(_) => "demo",
                 Scope::Cluster => "matrix-demo",
+                Scope::Config => "kubevirt",
             };
             c.history
                 .diff(pb::DiffRequest {
@@ -906,6 +966,406 @@ fn the_feature_list_counts_only_the_vms_a_reader_may_read() {
         assert!(
             count < all,
             "{caller:?} counts a VM of team-b: {count} of {all}"
+        );
+    }
+}
+
+/// A server of its own with `--auth`: ops (admin), alice (edit team-a, view shared) and vera
+/// (view team-a). For tests that change the cluster config or need a fresh log.
+fn own_auth_server(dir: &std::path::Path) -> Server {
+    let auth_file = dir.join("auth.yaml");
+    write_auth_file(
+        &auth_file,
+        &[
+            AuthToken {
+                principal: "ops",
+                token: OPS,
+                roles: &[("admin", &[])],
+            },
+            AuthToken {
+                principal: "alice",
+                token: ALICE,
+                roles: &[("edit", &["team-a"]), ("view", &["shared"])],
+            },
+            AuthToken {
+                principal: "vera",
+                token: VERA,
+                roles: &[("view", &["team-a"])],
+            },
+        ],
+    );
+    Server::start(
+        &dir.join("data"),
+        &[
+            "--hypervisor",
+            "none",
+            "--auth",
+            auth_file.to_str().expect("utf-8"),
+        ],
+    )
+}
+
+fn feature_enabled(cli: &Cli, name: &str) -> bool {
+    let features: Value = serde_json::from_str(&cli.ok(&["features", "-o", "json"])).expect("JSON");
+    features
+        .as_array()
+        .and_then(|all| all.iter().find(|f| f["name"] == name))
+        .and_then(|f| f["enabled"].as_bool())
+        .expect("the feature is listed")
+}
+
+fn kubevirt_yaml(namespace: &str, gate: &str) -> String {
+    format!(
+        "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata:\n  name: kubevirt\n  namespace: {namespace}\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [{gate}]\n"
+    )
+}
+
+#[test]
+fn the_cluster_config_is_changed_by_an_admin_only_whatever_namespace_it_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = own_auth_server(dir.path());
+    let ops = Cli::new(&server).with_token(OPS);
+    let alice = Cli::new(&server).with_token(ALICE);
+    let vera = Cli::new(&server).with_token(VERA);
+
+    // alice edits team-a: a KubeVirt manifest naming team-a is still the cluster config.
+    let hers = kubevirt_yaml("team-a", "DownwardMetrics");
+    for args in [
+        &["apply", "-f", "-"][..],
+        &["apply", "-f", "-", "--dry-run"],
+        &["apply", "-f", "-", "-n", "team-a"],
+    ] {
+        let (code, out, err) = alice.run_with_stdin(args, &hers);
+        assert_ne!(code, 0, "{args:?}: {out}");
+        let line = vmplane_tests::one_error_line(&err);
+        assert!(
+            line.contains("permission denied")
+                && line.contains("KubeVirt")
+                && line.contains("admin role"),
+            "{args:?}: {line}"
+        );
+    }
+    assert!(
+        !feature_enabled(&alice, "DownwardMetrics"),
+        "nothing changed"
+    );
+
+    let (code, _, err) =
+        ops.run_with_stdin(&["apply", "-f", "-"], &kubevirt_yaml("kubevirt", "Sidecar"));
+    assert_eq!(code, 0, "{err}");
+    for ns in ["team-a", "kubevirt", "default"] {
+        let line = alice.fails(&["delete", "kubevirt", "kubevirt", "-n", ns]);
+        assert!(line.contains("permission denied"), "{line}");
+    }
+    assert!(feature_enabled(&vera, "Sidecar"), "alice deleted nothing");
+
+    // Read by every principal, by name or listed, whatever namespace the request names.
+    for (who, cli) in [("alice", &alice), ("vera", &vera), ("ops", &ops)] {
+        for ns in ["default", "team-a", "kubevirt", "team-b"] {
+            let one: Value = serde_json::from_str(
+                &cli.ok(&["get", "kubevirt", "kubevirt", "-n", ns, "-o", "json"]),
+            )
+            .expect("JSON");
+            assert_eq!(one["metadata"]["name"], "kubevirt", "{who} -n {ns}");
+            let list: Value =
+                serde_json::from_str(&cli.ok(&["get", "kubevirt", "-n", ns, "-o", "json"]))
+                    .expect("JSON");
+            let names: Vec<&str> = list["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .filter_map(|i| i["metadata"]["name"].as_str())
+                .collect();
+            assert_eq!(names, ["kubevirt"], "{who} -n {ns}: {list}");
+        }
+        // Its audit entries are in the cluster scope: no namespace the reader has no role in.
+        let audit: Value =
+            serde_json::from_str(&cli.ok(&["audit", "-A", "--kind", "KubeVirt", "-o", "json"]))
+                .expect("JSON");
+        let entries = audit.as_array().expect("a list");
+        assert!(!entries.is_empty(), "{who}: {audit}");
+        for e in entries {
+            assert_eq!(
+                (
+                    e["namespace"].as_str(),
+                    e["name"].as_str(),
+                    e["actor"].as_str()
+                ),
+                (Some(""), Some("kubevirt"), Some("ops")),
+                "{who}: {e}"
+            );
+        }
+    }
+    ops.ok(&["delete", "kubevirt", "kubevirt", "-n", "team-a"]);
+    assert!(
+        !feature_enabled(&alice, "Sidecar"),
+        "the admin's delete took"
+    );
+}
+
+fn vm_with_uuid(name: &str, uuid: &str) -> String {
+    vm(name, "Halted").replace(
+        r#""cpu":{"cores":1}"#,
+        &format!(r#""cpu":{{"cores":1}},"firmware":{{"uuid":"{uuid}"}}"#),
+    )
+}
+
+#[test]
+fn a_firmware_uuid_conflict_names_the_holder_only_to_a_reader_of_its_namespace() {
+    let _ = auth_server();
+    let (hidden, shown) = (
+        "5b0e7a43-2f1c-4d8e-9a6b-3c7d1e0f9a21",
+        "6c1f8b54-3a2d-4e9f-8b7c-4d8e2f1a0b32",
+    );
+    let ops = cli(Caller::Ops);
+    let apply = |cli: &Cli, ns: &str, manifest: &str| {
+        cli.run_with_stdin(&["apply", "-f", "-", "-n", ns], manifest)
+    };
+    let (code, _, err) = apply(&ops, "team-b", &vm_with_uuid("fw-holder", hidden));
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = apply(&ops, "shared", &vm_with_uuid("fw-holder-shared", shown));
+    assert_eq!(code, 0, "{err}");
+
+    // alice cannot read team-b: neither the holder's name nor its namespace.
+    let (code, _, err) = apply(
+        &cli(Caller::Alice),
+        "team-a",
+        &vm_with_uuid("fw-taker", hidden),
+    );
+    assert_ne!(code, 0);
+    let line = vmplane_tests::one_error_line(&err);
+    assert!(
+        line.contains("already exists")
+            && line.contains("spec.template.spec.domain.firmware.uuid")
+            && line.ends_with("is already used by another object"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("team-b") && !line.contains("fw-holder"),
+        "{line}"
+    );
+    // She can read shared: named.
+    let (code, _, err) = apply(
+        &cli(Caller::Alice),
+        "team-a",
+        &vm_with_uuid("fw-taker", shown),
+    );
+    assert_ne!(code, 0);
+    let line = vmplane_tests::one_error_line(&err);
+    assert!(
+        line.ends_with("is already used by vm/shared/fw-holder-shared"),
+        "{line}"
+    );
+    // The admin reads everything: named.
+    let (code, _, err) = apply(&ops, "team-a", &vm_with_uuid("fw-taker", hidden));
+    assert_ne!(code, 0);
+    let line = vmplane_tests::one_error_line(&err);
+    assert!(
+        line.ends_with("is already used by vm/team-b/fw-holder"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_failed_restore_records_no_holder_outside_its_own_namespace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = own_auth_server(dir.path());
+    let ops = Cli::new(&server).with_token(OPS);
+    let uuid = "7d2a9c65-4b3e-4f0a-9c8d-5e9f3a2b1c43";
+    let apply = |cli: &Cli, ns: &str, manifest: &str| {
+        let (code, _, err) = cli.run_with_stdin(&["apply", "-f", "-", "-n", ns], manifest);
+        assert_eq!(code, 0, "{err}");
+    };
+    // team-a/v1 with the UUID, snapshotted; then v1 takes another UUID, and the snapshot's
+    // goes to secret/h2.
+    apply(&ops, "team-a", &vm_with_uuid("v1", uuid));
+    ops.ok(&["snapshot", "v1", "snap1", "-n", "team-a"]);
+    apply(
+        &ops,
+        "team-a",
+        &vm_with_uuid("v1", "8e3b0d76-5c4f-4a1b-8d9e-6f0a4b3c2d54"),
+    );
+    apply(&ops, "secret", &vm_with_uuid("h2", uuid));
+
+    // alice restores the snapshot onto v1: its UUID is taken, the restore fails.
+    let (_, out, err) = Cli::new(&server).with_token(ALICE).run(&[
+        "restore",
+        "v1",
+        "--snapshot",
+        "snap1",
+        "--restore-name",
+        "r1",
+        "-n",
+        "team-a",
+    ]);
+    // What vera (view of team-a) reads of it: the restore and the namespace's audit.
+    let vera = Cli::new(&server).with_token(VERA);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let restore = loop {
+        let restore = vera.ok(&["get", "restore", "r1", "-n", "team-a", "-o", "json"]);
+        if restore.contains("already used") {
+            break restore;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restore did not fail on the UUID: {restore}\n{out}{err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let audit = vera.ok(&["audit", "-n", "team-a", "-o", "json"]);
+    for (what, text) in [("restore", &restore), ("audit", &audit)] {
+        assert!(
+            !text.contains("secret") && !text.contains("h2"),
+            "{what} names the holder: {text}"
+        );
+    }
+    assert!(
+        restore.contains("already used by another object"),
+        "{restore}"
+    );
+}
+
+/// Sends `authorization: VALUE` as it is.
+#[derive(Clone)]
+struct RawAuthorization(String);
+
+impl Interceptor for RawAuthorization {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let value = self.0.parse().expect("ASCII header value");
+        request.metadata_mut().insert("authorization", value);
+        Ok(request)
+    }
+}
+
+#[test]
+fn the_bearer_scheme_is_accepted_in_any_case() {
+    let auth = auth_server();
+    rt().block_on(async {
+        let ch = channel(&auth.server).await;
+        let list = |value: String| {
+            let mut objects = ObjectsClient::with_interceptor(ch.clone(), RawAuthorization(value));
+            async move {
+                objects
+                    .list(pb::ListRequest {
+                        kind: "vm".into(),
+                        namespace: "team-a".into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map(drop)
+                    .map_err(|s| s.code())
+            }
+        };
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            assert_eq!(list(format!("{scheme} {VERA}")).await, Ok(()), "{scheme}");
+        }
+        for value in [
+            format!("Basic {VERA}"),
+            VERA.to_string(),
+            format!("Bearer{VERA}"),
+        ] {
+            assert_eq!(
+                list(value.clone()).await,
+                Err(Code::Unauthenticated),
+                "{value}"
+            );
+        }
+    });
+}
+
+#[test]
+fn reserved_principals_are_refused_at_startup_naming_the_field() {
+    for reserved in ["local", "system:reconciler"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let auth_file = dir.path().join("auth.yaml");
+        write_auth_file(
+            &auth_file,
+            &[
+                AuthToken {
+                    principal: "ops",
+                    token: OPS,
+                    roles: &[("admin", &[])],
+                },
+                AuthToken {
+                    principal: reserved,
+                    token: ALICE,
+                    roles: &[("edit", &["team-a"])],
+                },
+            ],
+        );
+        let mut child = std::process::Command::new(vmplane_bin())
+            .arg("serve")
+            .arg("--data")
+            .arg(dir.path().join("data"))
+            .args(["--listen", "127.0.0.1:0", "--hypervisor", "none", "--auth"])
+            .arg(&auth_file)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn vmplane serve");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("vmplane serve started with principal {reserved:?}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert!(!status.success(), "{reserved}");
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+            .expect("read stderr");
+        let line = vmplane_tests::one_error_line(&err);
+        assert!(
+            line.contains("tokens[1].principal") && line.contains("reserved"),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn a_refusal_says_what_to_do_next_and_nothing_of_the_object() {
+    let _ = auth_server();
+    for (caller, args, next) in [
+        (
+            Caller::Alice,
+            &["get", "vm", "demo", "-n", "team-b"][..],
+            "ask an admin for the view or edit role in namespace team-b",
+        ),
+        (
+            Caller::Alice,
+            &["get", "vm", "no-such-vm", "-n", "team-b"],
+            "ask an admin for the view or edit role in namespace team-b",
+        ),
+        (
+            Caller::Vera,
+            &["start", "demo", "-n", "team-a"],
+            "ask an admin for the edit role in namespace team-a",
+        ),
+        (
+            Caller::Alice,
+            &["delete", "clusterinstancetype", "matrix-demo"],
+            "use a token with the admin role",
+        ),
+        (
+            Caller::Alice,
+            &["audit", "-n", "team-b"],
+            "ask an admin for the view or edit role in namespace team-b",
+        ),
+    ] {
+        let line = cli(caller).fails(args);
+        assert!(
+            line.contains("permission denied") && line.ends_with(next),
+            "{args:?}: {line}"
+        );
+        assert!(
+            !line.contains("demo") && !line.contains("no-such-vm") && !line.contains("not found"),
+            "{line}"
         );
     }
 }

@@ -384,7 +384,12 @@ pub fn decide(
             }
             let mut em = Emitter::new(state.clone(), evolve);
             em.emit(Event::CloneFailed(CloneFailed {
-                reason: format!("creating the target VirtualMachine failed: {rejection}"),
+                // Named only within the clone's own namespace (see restore's).
+                reason: format!(
+                    "creating the target VirtualMachine failed: {}",
+                    rejection
+                        .describe_for(|ns| ns.is_some() && ns == state.object.namespace.as_deref())
+                ),
                 at_ms: ctx.now_ms(),
             }));
             Ok(done(em.finish(Outcome::Recorded)))

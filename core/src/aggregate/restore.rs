@@ -267,7 +267,13 @@ pub fn decide(
             }
             let mut em = Emitter::new(state.clone(), evolve);
             em.emit(Event::RestoreFailed(RestoreFailed {
-                reason: format!("target VirtualMachine update failed: {rejection}"),
+                // The saga acts for its requester, who may read the restore's namespace
+                // only: a holder elsewhere is not named in what the restore records.
+                reason: format!(
+                    "target VirtualMachine update failed: {}",
+                    rejection
+                        .describe_for(|ns| ns.is_some() && ns == state.object.namespace.as_deref())
+                ),
                 at_ms: ctx.now_ms(),
             }));
             Ok(done(em.finish(Outcome::Recorded)))

@@ -603,16 +603,26 @@ fn check_generation(s: &VmState, expected: Option<u64>) -> Result<(), Rejection>
 
 /// The gateway's rejection when the store refused a firmware-UUID claim (row 7).
 impl Rejection {
-    /// `AlreadyExists`, naming the stream that holds the UUID.
+    /// `AlreadyExists`. The stream that holds the UUID is the cause's [`Holder`]: its reason
+    /// says "another object", and names the holder only where it is worded for a reader who
+    /// may read the holder's namespace ([`Rejection::describe_for`]).
     pub fn firmware_uuid_taken(uuid: &str, holder: &str) -> Rejection {
-        Rejection::one(
-            Category::AlreadyExists,
-            Cause::new(
-                "spec.template.spec.domain.firmware.uuid",
-                codes::FIRMWARE_UUID_TAKEN,
-                format!("firmware UUID {uuid} is already used by {holder}"),
-            ),
-        )
+        let mut cause = Cause::new(
+            "spec.template.spec.domain.firmware.uuid",
+            codes::FIRMWARE_UUID_TAKEN,
+            format!("firmware UUID {uuid} is already used by another object"),
+        );
+        // `vm/<namespace>/<name>` (core's stream names: neither part holds a `/`).
+        let namespace = match holder.split('/').collect::<Vec<_>>()[..] {
+            [_, namespace, _] if !namespace.is_empty() => Some(namespace.to_owned()),
+            _ => None,
+        };
+        cause.holder = Some(crate::error::Holder {
+            stream: holder.to_owned(),
+            namespace,
+            reason: format!("firmware UUID {uuid} is already used by {holder}"),
+        });
+        Rejection::one(Category::AlreadyExists, cause)
     }
 }
 

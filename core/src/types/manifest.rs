@@ -120,6 +120,15 @@ impl Kind {
         )
     }
 
+    /// Whether access to objects of this kind is decided for the whole cluster, not per
+    /// namespace: the cluster-scoped kinds, and `KubeVirt`, the cluster configuration. A
+    /// KubeVirt manifest names a namespace (KubeVirt's own, `kubevirt`), but vmplane holds one
+    /// cluster config whatever namespace it names (stream `cluster/config`): every
+    /// authenticated principal reads it, only an admin changes it.
+    pub fn cluster_wide(self) -> bool {
+        !self.namespaced() || self == Kind::KubeVirt
+    }
+
     /// Whether vmplane manages objects of this kind (has an aggregate for it).
     pub fn managed(self) -> bool {
         !matches!(

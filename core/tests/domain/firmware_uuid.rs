@@ -285,8 +285,19 @@ fn row_07_uuid_held_by_another_live_vm_is_rejected_atomically() {
         Rejection::firmware_uuid_taken(key.trim_start_matches("firmware-uuid/"), &holder);
     assert_eq!(rejection.category, Category::AlreadyExists);
     assert!(rejection.has_code(codes::FIRMWARE_UUID_TAKEN));
+    // Named only to a reader who may read the holder's namespace.
     assert!(
-        rejection.to_string().contains("vm/default/a"),
+        rejection
+            .describe_for(|ns| ns == Some("default"))
+            .contains("vm/default/a"),
+        "{rejection}"
+    );
+    assert!(
+        !rejection.to_string().contains("vm/default/a")
+            && !rejection
+                .describe_for(|ns| ns == Some("other"))
+                .contains("default")
+            && rejection.to_string().contains("another object"),
         "{rejection}"
     );
     // Deleting the holder releases the UUID; then b can have it.
