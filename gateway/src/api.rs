@@ -201,6 +201,10 @@ async fn blocking<R: Send + 'static>(
 fn from_projection(context: &str, err: vmplane_projections::Error) -> Status {
     use vmplane_projections::Error as E;
     match &err {
+        // `what` names the object already (`VirtualMachine ns/x revision 7 not found`).
+        E::NotFound { what } if what == context || what.starts_with(&format!("{context} ")) => {
+            Status::not_found(err.to_string())
+        }
         E::NotFound { .. } => Status::not_found(format!("{context}: {err}")),
         E::Timeout { .. } => Status::deadline_exceeded(format!("{context}: {err}")),
         E::Invalid { .. } => Status::invalid_argument(format!("{context}: {err}")),

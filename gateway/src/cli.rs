@@ -5,11 +5,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 /// vmplane: a control plane for virtual machines whose event log is the source of truth.
 #[derive(Debug, Parser)]
 #[command(name = "vmplane", version, propagate_version = true)]
+#[command(mut_subcommands(without_client_flags))]
 #[command(after_help = "Examples:
   vmplane serve                          # serve ./vmplane-data on 127.0.0.1:50051
   vmplane apply -f examples/vm.yaml      # create or update objects
@@ -56,6 +58,75 @@ pub struct GlobalArgs {
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum)]
     pub output: Option<Output>,
+
+    /// Whether -n/--namespace was given on the command line (not the default): an object of a
+    /// file in another namespace is then refused, as kubectl refuses it.
+    #[arg(skip)]
+    pub namespace_explicit: bool,
+}
+
+/// The ids of [`GlobalArgs`]' flags: the client's, which mean nothing to `serve` and
+/// `completion`.
+const CLIENT_FLAGS: [&str; 5] = ["server", "ca_cert", "token", "namespace", "output"];
+
+/// `serve` and `completion` with the client's global flags hidden from their help (and usage
+/// and completions): each gets a hidden flag of the same id, which keeps the global one from
+/// being propagated to it. Still accepted, and ignored, as before. Other commands unchanged.
+fn without_client_flags(cmd: clap::Command) -> clap::Command {
+    if !matches!(cmd.get_name(), "serve" | "completion") {
+        return cmd;
+    }
+    let globals = GlobalArgs::augment_args(clap::Command::new("globals"));
+    globals
+        .get_arguments()
+        .filter(|a| CLIENT_FLAGS.contains(&a.get_id().as_str()))
+        .fold(cmd, |cmd, a| cmd.arg(a.clone().global(false).hide(true)))
+}
+
+impl Cli {
+    /// Parses the process's arguments (see [`Cli::parse_from_args`]).
+    pub fn parse_args() -> Result<Cli, clap::Error> {
+        Cli::parse_from_args(std::env::args_os())
+    }
+
+    /// Parses `args` as clap does, then records whether `-n` was given and refuses what clap
+    /// cannot express: a name with `get -A`.
+    pub fn parse_from_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut cmd = Cli::command();
+        let mut matches = cmd.try_get_matches_from_mut(args)?;
+        // Asked before the values are taken out of `matches`.
+        let namespace_explicit =
+            matches.value_source("namespace") == Some(ValueSource::CommandLine);
+        let mut cli = Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))?;
+        cli.global.namespace_explicit = namespace_explicit;
+        if let Command::Get(get) = &cli.command
+            && get.name.is_some()
+            && get.all_namespaces
+        {
+            cmd.build();
+            let get = cmd
+                .find_subcommand_mut("get")
+                .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
+            return Err(get.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "a resource cannot be retrieved by name across all namespaces; drop -A \
+                 (and pass -n NAMESPACE) to get one object, or drop the name to list them",
+            ));
+        }
+        Ok(cli)
+    }
+}
+
+/// Checks that a time flag's value is an RFC 3339 instant, so a bad one is refused naming
+/// the flag (clap says which) before anything is sent.
+fn rfc3339(value: &str) -> Result<String, String> {
+    chrono::DateTime::parse_from_rfc3339(value)
+        .map(|_| value.to_string())
+        .map_err(|e| format!("not an RFC 3339 time ({e}); write it as 2026-11-22T14:05:00Z"))
 }
 
 /// How results are printed.
@@ -83,13 +154,19 @@ pub enum Command {
   vmplane serve --hypervisor none        # no reconciler: the control plane only")]
     Serve(ServeArgs),
 
-    /// Create or update every object of a YAML/JSON file (multi-document).
+    /// Create or update every object of a YAML/JSON file (multi-document), or of every such
+    /// file in a directory.
     #[command(
-        after_help = "Prints KIND/NAME created|configured|unchanged for each object.
+        after_help = "Prints KIND/NAME created|configured|unchanged for each object. A `List` (what
+`get -o yaml` prints for several objects) applies its items in order. A directory: its
+.yaml, .yml and .json files in name order (subdirectories too with -R).
 
 Examples:
   vmplane apply -f vm.yaml
   cat vms.yaml | vmplane apply -f -
+  vmplane get vms -o yaml > vms.yaml && vmplane apply -f vms.yaml   # unchanged, each
+  vmplane apply -f manifests/                 # every manifest file in manifests/
+  vmplane apply -f manifests/ -R              # and in its subdirectories
   vmplane apply -f vm.yaml --dry-run          # validate server-side, change nothing
   vmplane apply -f vm.yaml --expected-generation 3"
     )]
@@ -97,7 +174,9 @@ Examples:
 
     /// Like apply, for manifests exported from a KubeVirt cluster: a VM without a firmware UUID
     /// keeps the legacy, name-derived UUID KubeVirt gave it.
-    #[command(after_help = "Examples:\n  vmplane import -f exported-vms.yaml")]
+    #[command(
+        after_help = "Examples:\n  vmplane import -f exported-vms.yaml\n  vmplane import -f exported/ -R"
+    )]
     Import(ApplyArgs),
 
     /// Show one object or a list, now or at a point in its history.
@@ -375,9 +454,13 @@ pub struct ServeArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ApplyArgs {
-    /// File to read (YAML or JSON, several documents allowed); `-` reads standard input.
-    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    /// File to read (YAML or JSON, several documents allowed), a directory (its .yaml, .yml
+    /// and .json files, in name order), or `-` for standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
     pub file: String,
+    /// With a directory: read its subdirectories too.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
     /// Validate and decide on the server, change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -402,7 +485,7 @@ pub struct GetArgs {
     #[arg(long, value_name = "P", conflicts_with = "as_of")]
     pub at_position: Option<u64>,
     /// The object (or the list) as it was at this instant (RFC 3339).
-    #[arg(long, value_name = "RFC3339")]
+    #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
     pub as_of: Option<String>,
     /// A list is fetched in pages of this many objects (kubectl's default, 500), all read at
     /// the first page's position, so together they are one list; 0 fetches it in one response
@@ -503,10 +586,10 @@ pub struct AuditArgs {
     #[arg(long)]
     pub actor: Option<String>,
     /// Only events at or after this instant (RFC 3339).
-    #[arg(long, value_name = "RFC3339")]
+    #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
     pub since: Option<String>,
     /// Only events before this instant (RFC 3339).
-    #[arg(long, value_name = "RFC3339")]
+    #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
     pub until: Option<String>,
     /// Only events of this kind of object.
     #[arg(long)]
@@ -562,7 +645,7 @@ pub fn usage_error_line(rendered: &str) -> String {
     let mut usage = None;
     for line in rendered.lines().map(str::trim).filter(|l| !l.is_empty()) {
         if let Some(u) = line.strip_prefix("Usage: ") {
-            usage = Some(u.to_string());
+            usage = Some(without_client_flags_in_usage(u));
         } else if line.starts_with("For more information") {
             continue;
         } else {
@@ -586,14 +669,40 @@ pub fn usage_error_line(rendered: &str) -> String {
     out
 }
 
+/// clap's usage lists the flags the command line gave, an environment variable's value
+/// counted as given (`VMPLANE_SERVER` shows as `--server <SERVER>`). The client's global flags
+/// are optional everywhere: a usage line leaves them out.
+fn without_client_flags_in_usage(usage: &str) -> String {
+    const FLAGS: [&str; 7] = [
+        "--server",
+        "--ca-cert",
+        "--token",
+        "--namespace",
+        "-n",
+        "--output",
+        "-o",
+    ];
+    let mut kept = Vec::new();
+    let mut tokens = usage.split(' ').peekable();
+    while let Some(token) = tokens.next() {
+        if FLAGS.contains(&token) && tokens.peek().is_some_and(|v| v.starts_with('<')) {
+            tokens.next();
+            continue;
+        }
+        kept.push(token);
+    }
+    kept.join(" ")
+}
+
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
 
-    use super::{Cli, usage_error_line};
+    use clap::CommandFactory;
+
+    use super::{Cli, Command, usage_error_line};
 
     fn line_for(args: &[&str]) -> String {
-        let err = Cli::try_parse_from(args).expect_err("a usage error");
+        let err = Cli::parse_from_args(args).expect_err("a usage error");
         usage_error_line(&err.render().to_string())
     }
 
@@ -613,5 +722,119 @@ mod tests {
         );
         let line = line_for(&["vmplane", "frob"]);
         assert!(line.contains("unrecognized subcommand 'frob'"), "{line}");
+    }
+
+    fn parsed(args: &[&str]) -> Cli {
+        Cli::parse_from_args(args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn the_usage_line_leaves_out_client_flags_given_on_the_command_line_or_by_the_environment() {
+        // clap counts a flag with a value (typed, or from VMPLANE_SERVER) as used, and lists
+        // it in the usage as if it were required.
+        for args in [
+            &["vmplane", "get", "--server", "http://h:1"][..],
+            &[
+                "vmplane",
+                "--server",
+                "http://h:1",
+                "-n",
+                "x",
+                "get",
+                "-o",
+                "json",
+            ],
+            &["vmplane", "get", "--token", "t", "--ca-cert", "ca.pem"],
+        ] {
+            let line = line_for(args);
+            assert!(
+                line.ends_with("(usage: vmplane get <KIND> [NAME]; see --help)"),
+                "{args:?}: {line}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_name_with_all_namespaces_is_a_usage_error() {
+        let line = line_for(&["vmplane", "get", "vm", "demo", "-A"]);
+        assert!(
+            line.starts_with(
+                "vmplane: error: a resource cannot be retrieved by name across all namespaces; "
+            ) && line.contains("usage: vmplane get"),
+            "{line}"
+        );
+        assert!(!line.contains('\n'), "{line}");
+        // A list across namespaces, or one object in one, are fine.
+        parsed(&["vmplane", "get", "vms", "-A"]);
+        parsed(&["vmplane", "get", "vm", "demo", "-n", "a"]);
+    }
+
+    #[test]
+    fn whether_the_namespace_was_given_explicitly_is_known_wherever_it_was_given() {
+        for (args, explicit) in [
+            (&["vmplane", "apply", "-f", "x"][..], false),
+            (&["vmplane", "-n", "a", "apply", "-f", "x"], true),
+            (&["vmplane", "apply", "-f", "x", "--namespace", "a"], true),
+            (&["vmplane", "apply", "-f", "x", "-n", "default"], true),
+        ] {
+            assert_eq!(parsed(args).global.namespace_explicit, explicit, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn a_bad_time_flag_is_refused_naming_the_flag() {
+        for (args, flag) in [
+            (
+                &["vmplane", "get", "vm", "d", "--as-of", "yesterday"][..],
+                "--as-of",
+            ),
+            (&["vmplane", "audit", "--since", "yesterday"], "--since"),
+            (&["vmplane", "audit", "--until", "soon"], "--until"),
+        ] {
+            let line = line_for(args);
+            assert!(
+                line.contains(&format!("'{flag} <RFC3339>'")) && line.contains("RFC 3339"),
+                "{line}"
+            );
+        }
+        let cli = parsed(&["vmplane", "get", "vms", "--as-of", "2026-11-22T14:05:00Z"]);
+        let Command::Get(get) = cli.command else {
+            panic!("get")
+        };
+        assert_eq!(get.as_of.as_deref(), Some("2026-11-22T14:05:00Z"));
+    }
+
+    #[test]
+    fn serve_and_completion_help_leave_out_the_client_flags_which_stay_global_elsewhere() {
+        let mut cmd = Cli::command();
+        cmd.build();
+        for name in ["serve", "completion"] {
+            let sub = cmd.find_subcommand_mut(name).expect("subcommand");
+            let help = sub.render_long_help().to_string();
+            for flag in [
+                "--server <SERVER>",
+                "--token <TOKEN>",
+                "--ca-cert <FILE>",
+                "--namespace <NAMESPACE>",
+                "--output <OUTPUT>",
+            ] {
+                assert!(!help.contains(flag), "{name} --help lists {flag}:\n{help}");
+            }
+        }
+        let get = cmd.find_subcommand_mut("get").expect("get");
+        assert!(
+            get.render_long_help()
+                .to_string()
+                .contains("--server <SERVER>")
+        );
+        for args in [
+            &["vmplane", "--server", "http://h:1", "get", "vms"][..],
+            &["vmplane", "get", "vms", "--server", "http://h:1"],
+        ] {
+            assert_eq!(parsed(args).global.server, "http://h:1", "{args:?}");
+        }
+        // Still accepted by serve, as before (and ignored).
+        parsed(&["vmplane", "serve", "--server", "http://h:1"]);
+        parsed(&["vmplane", "--server", "http://h:1", "serve"]);
     }
 }

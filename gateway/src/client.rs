@@ -1,7 +1,7 @@
 //! The client commands: each turns its arguments into gRPC calls and prints the answer as a
 //! table, YAML or JSON, like kubectl.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 
 use anyhow::{Context, anyhow, bail};
 use tonic::metadata::MetadataValue;
@@ -12,6 +12,7 @@ use crate::cli::{
     ApplyArgs, AuditArgs, DeleteArgs, DiffArgs, ExpandArgs, GetArgs, GlobalArgs, HistoryArgs,
     LifecycleArgs, Output, WatchArgs,
 };
+use crate::input::{self, Unit};
 use crate::pb;
 use crate::print;
 use crate::tls::ClientChannel;
@@ -101,14 +102,22 @@ pub fn status_error(status: Status) -> anyhow::Error {
         tonic::Code::Aborted => "conflict",
         tonic::Code::FailedPrecondition => "refused",
         tonic::Code::PermissionDenied => "permission denied",
-        tonic::Code::Unauthenticated => "unauthenticated (pass --token or set VMPLANE_TOKEN)",
+        tonic::Code::Unauthenticated => "unauthenticated",
         // OutOfRange: tonic's answer to a request above the server's message size limit.
         tonic::Code::ResourceExhausted | tonic::Code::OutOfRange => "too large",
         tonic::Code::Unavailable => "server unavailable",
         tonic::Code::DeadlineExceeded => "timed out",
         _ => "server error",
     };
-    anyhow!("{code}: {}", status.message())
+    let message = status.message();
+    // What to do, unless the server's message says it already.
+    let todo = match status.code() {
+        tonic::Code::Unauthenticated if !message.contains("--token") => {
+            " (pass --token or set VMPLANE_TOKEN)"
+        }
+        _ => "",
+    };
+    anyhow!("{code}: {message}{todo}")
 }
 
 /// The server's refusal of a document over the manifest limit (ResourceExhausted, naming the
@@ -129,57 +138,75 @@ fn too_large(doc: &str, namespace: &str) -> Option<tonic::Status> {
     Some(crate::status::from_rejection(&name, &rejection))
 }
 
-/// The server parses each document of a file alone, as its document 0: a refusal that can
-/// name no object (an unknown kind, a syntax error) says `document 0`. In the file it is
-/// document `number`, counted from 1 as [`split_documents`]' own errors count.
-fn in_file(status: tonic::Status, number: usize) -> tonic::Status {
+/// A refusal of one object of `-f`, saying where the object is in the input when the
+/// message alone would not: the server parses each object alone, as its document 0, and names
+/// it (`VirtualMachine ns/name: ...`) when it can. A `document 0` becomes the object's place; an
+/// object that is not named (`manifest: ...`), or one among others (several documents, a
+/// list's items, a directory), gets its place after the name.
+fn located(status: tonic::Status, unit: &Unit, namespace: &str) -> tonic::Status {
     let message = status.message();
-    if !message.contains("document 0: ") {
-        return status;
-    }
-    let renumbered = message.replacen("document 0: ", &format!("document {number}: "), 1);
-    tonic::Status::with_metadata(status.code(), renumbered, status.metadata().clone())
-}
-
-/// Reads `-f FILE` (or standard input for `-`).
-pub fn read_input(file: &str) -> anyhow::Result<String> {
-    if file == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("read standard input")?;
-        Ok(s)
+    let place = &unit.place;
+    let text = if message.contains("document 0: ") {
+        message.replacen("document 0: ", &format!("{place}: "), 1)
     } else {
-        std::fs::read_to_string(file).with_context(|| format!("-f {file}: cannot read"))
-    }
-}
-
-/// Splits a YAML/JSON stream into its documents, each re-encoded as JSON (the server parses
-/// and validates them; this only finds document boundaries).
-pub fn split_documents(text: &str, file: &str) -> anyhow::Result<Vec<String>> {
-    let mut docs = Vec::new();
-    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_json::Value::deserialize_from(de)
-            .map_err(|e| anyhow!("-f {file}: document {}: {e}", i + 1))?;
-        if value.is_null() {
-            continue; // an empty document (e.g. a trailing `---`)
+        let named = crate::api::manifest_name(&unit.value, namespace);
+        if named.is_some() && !unit.among_others {
+            return status;
         }
-        docs.push(serde_json::to_string(&value).context("re-encode a document")?);
-    }
-    if docs.is_empty() {
-        bail!("-f {file}: no objects found");
-    }
-    Ok(docs)
+        let object = named.unwrap_or_else(|| "manifest".to_string());
+        match message.strip_prefix(&format!("{object}: ")) {
+            Some(rest) => format!("{object}: {place}: {rest}"),
+            None => format!("{place}: {message}"),
+        }
+    };
+    tonic::Status::with_metadata(status.code(), text, status.metadata().clone())
 }
 
-trait DeserializeFrom: Sized {
-    fn deserialize_from(de: serde_yaml::Deserializer<'_>) -> Result<Self, serde_yaml::Error>;
+/// An object of `-f` in another namespace than the one `-n` named explicitly (kubectl's rule:
+/// with `-n`, a file may not write elsewhere).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{object}: {place}metadata.namespace: the namespace from the provided object \"{from_object}\" \
+     does not match the namespace \"{given}\". You must pass '--namespace={from_object}' to \
+     perform this operation."
+)]
+pub struct NamespaceMismatch {
+    /// `VirtualMachine secret/demo`.
+    pub object: String,
+    /// `document 2: ` when the object is among others, else empty.
+    pub place: String,
+    /// The object's `metadata.namespace`.
+    pub from_object: String,
+    /// `-n`'s value.
+    pub given: String,
 }
 
-impl DeserializeFrom for serde_json::Value {
-    fn deserialize_from(de: serde_yaml::Deserializer<'_>) -> Result<Self, serde_yaml::Error> {
-        serde::Deserialize::deserialize(de)
+/// The refusal of `unit` when `-n` was given and the object says another namespace; `None`
+/// otherwise, and for cluster-scoped kinds (and kinds the server will refuse anyway).
+fn namespace_mismatch(g: &GlobalArgs, unit: &Unit) -> Option<NamespaceMismatch> {
+    if !g.namespace_explicit {
+        return None;
     }
+    let from_object = unit
+        .value
+        .pointer("/metadata/namespace")?
+        .as_str()
+        .filter(|ns| !ns.is_empty())?;
+    let kind = vmplane_core::types::Kind::from_cli_name(unit.value.get("kind")?.as_str()?)?;
+    if !kind.namespaced() || from_object == g.namespace {
+        return None;
+    }
+    Some(NamespaceMismatch {
+        object: crate::api::manifest_name(&unit.value, &g.namespace)
+            .unwrap_or_else(|| "manifest".to_string()),
+        place: if unit.among_others {
+            format!("{}: ", unit.place)
+        } else {
+            String::new()
+        },
+        from_object: from_object.to_string(),
+        given: g.namespace.clone(),
+    })
 }
 
 /// `apply` and `import`.
@@ -189,16 +216,20 @@ pub async fn apply(
     a: &ApplyArgs,
     import: bool,
 ) -> anyhow::Result<()> {
-    let text = read_input(&a.file)?;
-    let docs = split_documents(&text, &a.file)?;
+    let units = input::read(&a.file, a.recursive)?;
     let mut out = std::io::stdout().lock();
-    let total = docs.len();
+    let total = units.len();
     let mut failures = Vec::new();
-    for (index, doc) in docs.into_iter().enumerate() {
+    for unit in units {
+        if let Some(refused) = namespace_mismatch(g, &unit) {
+            failures.push(anyhow::Error::from(refused));
+            continue;
+        }
+        let doc = unit.json();
         // Over the manifest limit: refused here, named, as the server would refuse it (past
         // the request limit the server could only say the message was too long).
         if let Some(refused) = too_large(&doc, &g.namespace) {
-            failures.push(status_error(in_file(refused, index + 1)));
+            failures.push(status_error(located(refused, &unit, &g.namespace)));
             continue;
         }
         let resp = c
@@ -230,7 +261,7 @@ pub async fn apply(
                     )?,
                 }
             }
-            Err(status) => failures.push(status_error(in_file(status, index + 1))),
+            Err(status) => failures.push(status_error(located(status, &unit, &g.namespace))),
         }
     }
     // One failure is the command's one error line; several get a line each and a count.
@@ -408,16 +439,24 @@ pub async fn lifecycle(
 /// `expand`.
 pub async fn expand(c: &mut Clients, g: &GlobalArgs, a: &ExpandArgs) -> anyhow::Result<()> {
     use pb::expand_request::Source;
+    let mut unit = None;
     let source = match (&a.file, &a.kind, &a.name) {
         (Some(file), _, _) => {
-            let docs = split_documents(&read_input(file)?, file)?;
-            if docs.len() != 1 {
+            let mut units = input::read(file, false)?;
+            if units.len() != 1 {
                 bail!(
-                    "-f {file}: expand takes exactly one VirtualMachine, found {} documents",
-                    docs.len()
+                    "-f {file}: expand takes exactly one VirtualMachine, found {} objects; \
+                     expand them one file at a time",
+                    units.len()
                 );
             }
-            Source::Manifest(docs.into_iter().next().unwrap_or_default())
+            let one = units.remove(0);
+            if let Some(refused) = namespace_mismatch(g, &one) {
+                return Err(refused.into());
+            }
+            let manifest = one.json();
+            unit = Some(one);
+            Source::Manifest(manifest)
         }
         (None, Some(kind), Some(name)) => Source::Ref(pb::ObjectRef {
             kind: kind.clone(),
@@ -433,7 +472,10 @@ pub async fn expand(c: &mut Clients, g: &GlobalArgs, a: &ExpandArgs) -> anyhow::
             namespace: g.namespace.clone(),
         })
         .await
-        .map_err(status_error)?
+        .map_err(|status| match &unit {
+            Some(unit) => status_error(located(status, unit, &g.namespace)),
+            None => status_error(status),
+        })?
         .into_inner();
     let value: serde_json::Value =
         serde_json::from_str(&resp.json).context("the server sent invalid JSON")?;
@@ -458,6 +500,11 @@ pub async fn history(c: &mut Clients, g: &GlobalArgs, a: &HistoryArgs) -> anyhow
         .into_inner();
     let mut out = std::io::stdout().lock();
     print::history(&mut out, g.output, &resp.revisions)
+}
+
+/// Whether results print as a table (where an empty one is a line on stderr, as kubectl's).
+fn is_table(output: Option<Output>) -> bool {
+    matches!(output, None | Some(Output::Table))
 }
 
 /// `diff`: returns whether the revisions differ.
@@ -500,6 +547,14 @@ pub async fn audit(c: &mut Clients, g: &GlobalArgs, a: &AuditArgs) -> anyhow::Re
         .await
         .map_err(status_error)?
         .into_inner();
+    if resp.entries.is_empty() && is_table(g.output) {
+        if a.all_namespaces {
+            eprintln!("No audit entries found in any namespace.");
+        } else {
+            eprintln!("No audit entries found in namespace {}.", g.namespace);
+        }
+        return Ok(());
+    }
     let mut out = std::io::stdout().lock();
     print::audit(&mut out, g.output, &resp.entries)
 }

@@ -21,6 +21,7 @@ pub mod cli;
 pub mod client;
 pub mod control;
 pub mod dr;
+pub mod input;
 pub mod leader;
 pub mod metrics;
 pub mod print;

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::CommandFactory;
 use vmplane_gateway::cli::{Cli, Command};
 use vmplane_gateway::client::{self, Clients, Verb};
 
@@ -15,7 +15,7 @@ use vmplane_gateway::client::{self, Clients, Verb};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::parse_args() {
         Ok(cli) => cli,
         // Help and version are what was asked for, printed as clap prints them.
         // A bare `vmplane` (or `vmplane admin`) prints the help, as clap does.

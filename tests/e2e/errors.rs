@@ -385,7 +385,7 @@ fn an_oversized_manifest_is_refused_as_too_large() {
 }
 
 #[test]
-fn a_missing_object_is_not_found_and_a_bad_time_is_invalid() {
+fn a_missing_object_is_not_found_naming_it_once() {
     let vmplane = Cli::new(shared_server());
     let ns = "errors-missing";
     let line = vmplane.fails(&["get", "vm", "ghost", "-n", ns]);
@@ -406,6 +406,11 @@ fn a_missing_object_is_not_found_and_a_bad_time_is_invalid() {
         assert!(line.contains("ghost"), "{args:?}: {line}");
         // The reason names the object too, not an empty name (`"" not found`).
         assert!(!line.contains("\"\""), "{args:?}: {line}");
+        // Once: not `VirtualMachine ns/ghost: VirtualMachine ns/ghost not found`.
+        assert!(
+            line.matches("errors-missing/ghost").count() <= 1,
+            "{args:?}: {line}"
+        );
     }
     let line = vmplane.fails(&["delete", "vm", "ghost", "-n", ns]);
     assert!(
@@ -413,16 +418,38 @@ fn a_missing_object_is_not_found_and_a_bad_time_is_invalid() {
         "{line}"
     );
     apply_stdin(&vmplane, &example("vm.yaml"), &["-n", ns]);
-    let line = vmplane.fails(&["get", "vm", "demo", "-n", ns, "--as-of", "yesterday"]);
-    assert!(
-        line.contains("invalid:") && line.contains("yesterday") && line.contains("RFC 3339"),
-        "{line}"
-    );
     let line = vmplane.fails(&["get", "vm", "demo", "-n", ns, "--revision", "7"]);
     assert!(
         line.contains("not found") && line.contains("revision 7"),
         "{line}"
     );
+}
+
+#[test]
+fn a_bad_time_names_the_flag_the_user_typed() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-time";
+    // Not the request's field (`as_of`); a usage error, refused before anything is sent.
+    for (args, flag) in [
+        (
+            &["get", "vm", "demo", "-n", ns, "--as-of", "yesterday"][..],
+            "--as-of",
+        ),
+        (&["audit", "-n", ns, "--since", "yesterday"], "--since"),
+        (&["audit", "-n", ns, "--until", "yesterday"], "--until"),
+    ] {
+        let (code, _, err) = vmplane.run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        let line = one_error_line(&err);
+        assert!(
+            line.contains(flag)
+                && line.contains("yesterday")
+                && line.contains("RFC 3339")
+                && !line.contains("as_of")
+                && !line.contains("since:"),
+            "{line}"
+        );
+    }
 }
 
 #[test]
@@ -445,4 +472,53 @@ fn a_usage_error_is_one_line_with_the_usage() {
     let (code, out, _) = vmplane_tests::run_cli(&["get", "--help"]);
     assert_eq!(code, 0);
     assert!(out.contains("Examples:"), "{out}");
+}
+
+#[test]
+fn a_name_across_all_namespaces_is_refused_as_a_usage_error() {
+    let (code, out, err) = vmplane_tests::run_cli(&["get", "vm", "demo", "-A"]);
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    let line = one_error_line(&err);
+    assert!(
+        line.contains("a resource cannot be retrieved by name across all namespaces")
+            && line.contains("usage: vmplane get"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_manifest_error_names_its_field_path_once_and_where_the_object_is() {
+    let vmplane = Cli::new(shared_server());
+    let (code, _, err) = apply_stdin(&vmplane, "kind: VirtualMachine\n", &["-n", "errors-once"]);
+    assert_ne!(code, 0);
+    assert_eq!(
+        one_error_line(&err),
+        "vmplane: error: invalid: manifest: document 1: apiVersion: Required value"
+    );
+    let two = format!(
+        "{}---\napiVersion: kubevirt.io/v1\nmetadata: {{name: y}}\n",
+        vm_manifest("once-ok", &[])
+    );
+    let (code, _, err) = apply_stdin(&vmplane, &two, &["-n", "errors-once"]);
+    assert_ne!(code, 0);
+    assert_eq!(
+        one_error_line(&err),
+        "vmplane: error: invalid: manifest: document 2: kind: Required value"
+    );
+}
+
+#[test]
+fn a_usage_error_does_not_list_the_server_flag_the_environment_set() {
+    let out = std::process::Command::new(vmplane_tests::vmplane_bin())
+        .args(["get"])
+        .env("VMPLANE_SERVER", "http://127.0.0.1:1")
+        .env("VMPLANE_TOKEN", "t")
+        .output()
+        .expect("run vmplane");
+    assert_eq!(out.status.code(), Some(2));
+    let line = one_error_line(&String::from_utf8_lossy(&out.stderr));
+    assert!(
+        line.ends_with("(usage: vmplane get <KIND> [NAME]; see --help)"),
+        "{line}"
+    );
 }

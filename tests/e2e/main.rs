@@ -5,6 +5,7 @@ mod dr;
 mod errors;
 mod etcd;
 mod features;
+mod files;
 mod fixtures;
 mod linearizability;
 mod manifests;

@@ -480,3 +480,42 @@ fn audit_and_watch_name_the_kubevirt_object_and_filter_by_the_kind_an_event_is_a
         assert!(lines.iter().all(|l| l["kind"] == want), "{kind}: {lines:?}");
     }
 }
+
+#[test]
+fn an_empty_audit_says_so_on_stderr_and_is_an_empty_list_in_json_and_yaml() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-empty-audit";
+    let (code, out, err) = vmplane.run(&["audit", "-n", ns]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert_eq!(err, format!("No audit entries found in namespace {ns}.\n"));
+    let (code, out, err) = vmplane.run(&["audit", "-n", ns, "--actor", "nobody-at-all", "-A"]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert_eq!(err, "No audit entries found in any namespace.\n");
+    assert_eq!(
+        json(&vmplane.ok(&["audit", "-n", ns, "-o", "json"])),
+        json("[]")
+    );
+    let yaml: Value =
+        serde_yaml::from_str(&vmplane.ok(&["audit", "-n", ns, "-o", "yaml"])).expect("YAML");
+    assert_eq!(yaml, json("[]"));
+}
+
+#[test]
+fn serve_and_completion_help_do_not_list_the_client_flags() {
+    for command in ["serve", "completion"] {
+        let (code, out, err) = run_cli(&[command, "--help"]);
+        assert_eq!(code, 0, "{err}");
+        for flag in [
+            "--server <SERVER>",
+            "--token <TOKEN>",
+            "--ca-cert <FILE>",
+            "--namespace <NAMESPACE>",
+            "--output <OUTPUT>",
+        ] {
+            assert!(!out.contains(flag), "{command} --help lists {flag}:\n{out}");
+        }
+    }
+    // They stay global for the client commands, before or after the command.
+    let (_, out, _) = run_cli(&["get", "--help"]);
+    assert!(out.contains("--server <SERVER>"), "{out}");
+}

@@ -664,9 +664,13 @@ fn the_cli_reports_refusals_in_one_line_and_reads_the_token_from_the_environment
             && line.contains("VMPLANE_TOKEN"),
         "says what to do: {line}"
     );
+    // Once.
+    assert_eq!(line.matches("--token").count(), 1, "{line}");
     let line = cli(Caller::WrongToken).fails(&["get", "vms", "-n", "team-a"]);
     assert!(
-        line.contains("unauthenticated") && line.contains("not valid"),
+        line.contains("unauthenticated")
+            && line.contains("not valid")
+            && line.matches("--token").count() == 1,
         "{line}"
     );
     let line = cli(Caller::Vera).fails(&["start", "demo", "-n", "team-a"]);
@@ -674,13 +678,13 @@ fn the_cli_reports_refusals_in_one_line_and_reads_the_token_from_the_environment
         line.contains("permission denied"),
         "view does not change: {line}"
     );
-    // The manifest's own namespace is the one checked, not the -n flag.
+    // The manifest's own namespace is the one checked, not the -n flag (the CLI refuses an
+    // explicit -n that differs from it; the server checks whatever it is sent).
     let elsewhere = vm("sneaky", "Halted").replace(
         r#""metadata":{"name":"sneaky"}"#,
         r#""metadata":{"name":"sneaky","namespace":"team-b"}"#,
     );
-    let (code, _, err) =
-        cli(Caller::Alice).run_with_stdin(&["apply", "-f", "-", "-n", "team-a"], &elsewhere);
+    let (code, _, err) = cli(Caller::Alice).run_with_stdin(&["apply", "-f", "-"], &elsewhere);
     assert_ne!(code, 0);
     let line = vmplane_tests::one_error_line(&err);
     assert!(

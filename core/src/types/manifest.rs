@@ -294,8 +294,14 @@ impl From<ParseError> for Rejection {
             }
             _ => (Category::Invalid, codes::PARSE),
         };
+        // The cause carries the field path; its reason must not say it (nor the document
+        // number, which is the caller's to give: one manifest is parsed alone) a second time.
         let reason = match &e {
             ParseError::Field { message, .. } => message.clone(),
+            ParseError::Missing { .. } => "Required value".to_owned(),
+            ParseError::UnknownKind {
+                api_version, kind, ..
+            } => format!("no kind \"{kind}\" is registered for version \"{api_version}\""),
             other => other.to_string(),
         };
         Rejection::one(category, Cause::new(e.field(), code, reason))
@@ -618,5 +624,37 @@ mod flow_depth_tests {
             flow_depth_over(&over, FLOW_DEPTH_PRESCAN_MAX),
             Some(FLOW_DEPTH_PRESCAN_MAX)
         );
+    }
+}
+
+#[cfg(test)]
+mod rejection_tests {
+    use super::*;
+
+    #[test]
+    fn a_parse_rejection_names_its_field_path_once() {
+        let cases = [
+            (
+                "kind: VirtualMachine\nmetadata: {name: a}\n",
+                "apiVersion: Required value",
+            ),
+            (
+                "apiVersion: kubevirt.io/v1\nmetadata: {name: a}\n",
+                "kind: Required value",
+            ),
+            (
+                "apiVersion: v1\nkind: Gadget\n",
+                "kind: no kind \"Gadget\" is registered for version \"v1\"",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let err = parse_manifest(yaml.as_bytes()).expect_err("refused");
+            let rejection = Rejection::from(err);
+            assert_eq!(rejection.to_string(), expected, "{yaml}");
+            assert_eq!(
+                rejection.causes[0].field,
+                expected.split(':').next().unwrap_or_default()
+            );
+        }
     }
 }
