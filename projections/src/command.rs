@@ -880,6 +880,26 @@ fn decide_on_kind(
     ctx: &mut Ctx,
 ) -> Result<Decision, Rejection> {
     match (state, command) {
+        // The cluster config's stream (`cluster/config`) is named after no object: deleting
+        // a KubeVirt object by another name must not delete the config.
+        (
+            AggState::Object(s),
+            Command::Object {
+                kind: Kind::KubeVirt,
+                name,
+                command: ObjectCommand::Delete(_),
+                ..
+            },
+        ) if !name.is_empty() && !s.name.is_empty() && s.name != *name => {
+            Err(Rejection::not_found(
+                "metadata.name",
+                vmplane_core::codes::NOT_FOUND,
+                format!(
+                    "\"{name}\" not found: the cluster configuration is KubeVirt {}",
+                    s.name
+                ),
+            ))
+        }
         (AggState::Vm(s), Command::Vm { command, .. }) => vm::decide(s, command, ctx),
         (AggState::Vmi(s), Command::Vmi { command, .. }) => vmi::decide(s, command, ctx),
         (AggState::Object(s), Command::Object { command, .. }) => object::decide(s, command, ctx),

@@ -90,6 +90,7 @@ impl SpecDiff {
 impl Projections {
     /// The revisions of `kind` `namespace/name`, oldest first.
     pub fn history(&self, kind: Kind, namespace: &str, name: &str) -> Result<Vec<HistoryEntry>> {
+        self.check_cluster_config_name(kind, name)?;
         let stream = stream_of(kind, namespace, name);
         let log = self.log();
         let read_max = log.limits().read_events_max.max(1);
@@ -128,7 +129,7 @@ impl Projections {
         }
         if out.is_empty() {
             return Err(Error::NotFound {
-                what: format!("{} {namespace}/{name}", kind.as_str()),
+                what: object_name(kind, namespace, name),
             });
         }
         Ok(out)
@@ -145,12 +146,13 @@ impl Projections {
         from: u64,
         to: Option<u64>,
     ) -> Result<SpecDiff> {
+        self.check_cluster_config_name(kind, name)?;
         let stream = stream_of(kind, namespace, name);
         let current = self
             .log()
             .stream_revision(&stream)?
             .ok_or(Error::NotFound {
-                what: format!("{} {namespace}/{name}", kind.as_str()),
+                what: object_name(kind, namespace, name),
             })?;
         let to = to.unwrap_or(current);
         let spec_yaml = |revision: u64| -> Result<String> {
@@ -248,5 +250,15 @@ pub fn event_kind(stream_kind: Kind, event_type: &str) -> Kind {
         Kind::VirtualMachineInstance
     } else {
         stream_kind
+    }
+}
+
+/// `KIND namespace/name`, or `KIND name` for a kind decided for the whole cluster (whatever
+/// namespace the request named).
+fn object_name(kind: Kind, namespace: &str, name: &str) -> String {
+    if kind.cluster_wide() {
+        format!("{} {name}", kind.as_str())
+    } else {
+        format!("{} {namespace}/{name}", kind.as_str())
     }
 }

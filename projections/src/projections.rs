@@ -433,6 +433,24 @@ impl Projections {
         stream_of(kind, namespace, name)
     }
 
+    /// NotFound when `kind` is KubeVirt and `name` is not the cluster config's name: its
+    /// stream (`cluster/config`) is named after no object, so a request naming another
+    /// KubeVirt object must not read (or, in the gateway, delete) the config. Other kinds, an
+    /// empty name, and a stream with no object yet pass (the caller's own NotFound follows).
+    pub fn check_cluster_config_name(&self, kind: Kind, name: &str) -> Result<()> {
+        if kind != Kind::KubeVirt || name.is_empty() {
+            return Ok(());
+        }
+        self.catch_up()?;
+        let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+        match model.entry(&stream_of(kind, "", name)) {
+            Some(entry) if entry.name() != name => Err(Error::NotFound {
+                what: format!("{} {name}", kind.as_str()),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The object `kind` `namespace/name` now (after `min_position` if given), or `None`.
     pub fn get(
         &self,

@@ -509,6 +509,53 @@ impl EventLog for RacingLog {
     }
 }
 
+#[test]
+fn a_kubevirt_object_of_another_name_is_not_the_cluster_config() {
+    let env = env();
+    let kubevirt = vmplane_core::types::parse_manifest(
+        b"apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: kubevirt, namespace: kubevirt}\nspec: {}\n",
+    )
+    .expect("kubevirt manifest");
+    env.run("admin", Command::apply(kubevirt));
+    let delete = |name: &str| Command::Object {
+        kind: Kind::KubeVirt,
+        namespace: String::new(),
+        name: name.into(),
+        command: vmplane_core::ObjectCommand::Delete(None),
+    };
+    let head = env.log.head();
+    match env.commands.execute(&meta("admin"), delete("other")) {
+        Err(CommandError::Rejected(r)) => {
+            assert_eq!(r.category, Category::NotFound);
+            assert!(r.to_string().contains("\"other\" not found"), "{r}");
+        }
+        other => panic!("deleting KubeVirt other: {other:?}"),
+    }
+    assert_eq!(env.log.head(), head, "nothing appended");
+    for result in [
+        env.projections
+            .history(Kind::KubeVirt, "", "other")
+            .map(|_| ()),
+        env.projections
+            .diff(Kind::KubeVirt, "", "other", 1, None)
+            .map(|_| ()),
+    ] {
+        match result {
+            Err(Error::NotFound { what }) => assert_eq!(what, "KubeVirt other"),
+            other => panic!("KubeVirt other: {other:?}"),
+        }
+    }
+    assert_eq!(
+        env.projections
+            .history(Kind::KubeVirt, "", "kubevirt")
+            .expect("history")
+            .len(),
+        1
+    );
+    let deleted = env.run("admin", delete("kubevirt"));
+    assert_eq!(deleted.outcome, Outcome::Deleted);
+}
+
 fn racing(env: &common::Env, memory: &'static str) -> CommandHandler {
     let other_log = Arc::clone(&env.log);
     let race: Box<dyn FnOnce() + Send> = Box::new(move || {
