@@ -7,13 +7,13 @@
 //! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5    # 64 clients, 5 s each
 //! ```
 //!
-//! Prints, per concurrency: requests/s, p50 and p99 latency for creates and for updates, the
-//! processor time the whole process spent per request with, in brackets, the part the load
-//! clients' own threads spent (the rest is the server's) — figures that hold still when other
-//! work shares the machine — and the log's durable single-event appends/s, and the
-//! gateway/log ratio; then the gRPC floor: the standard health service's `Check` from the same
-//! clients against the same server (its transport and layers, no domain work), its rate, p99
-//! and processor time per request, and creates as a ratio of it.
+//! Prints, per concurrency, a row for each kind of request: creates, updates, dry-run creates
+//! (parse, decide and render without the log's commit) and the gRPC floor (the standard
+//! health service's `Check` from the same clients against the same server: its transport and
+//! layers, no domain work); then the log's own durable single-event appends/s. Each row: the
+//! rate, p50 and p99 latency, the processor time the whole process spent per request with, in
+//! brackets, the part the load clients' own threads spent (the rest is the server's) — figures
+//! that hold still when other work shares the machine — and creates/s as a ratio of its rate.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,6 +129,9 @@ enum Load {
     Create,
     /// `Apply` of an edit to a VM the create phase made, in the same order.
     Update,
+    /// `Apply --dry-run` of a new VM: parse, validate, decide (the uniqueness claims checked)
+    /// and render, nothing appended — a create without the log's commit.
+    DryRun,
     /// The standard health service's `Check`: the same server, transport, layers (metrics,
     /// tracing) and clients, no domain work — the gRPC floor the other phases stand on.
     HealthCheck,
@@ -156,17 +159,22 @@ async fn drive(
             let mut lat = Vec::new();
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                let name = format!("vm-r{round}-c{c}-{i}");
+                let name = match load {
+                    // New names: a dry run of a name the create phase made would be an update.
+                    Load::DryRun => format!("dry-r{round}-c{c}-{i}"),
+                    _ => format!("vm-r{round}-c{c}-{i}"),
+                };
                 let memory_mi = if load == Load::Update { 256 } else { 128 };
                 let t = Instant::now();
                 let r = match load {
                     Load::HealthCheck => {
                         health.check(HealthCheckRequest::default()).await.map(drop)
                     }
-                    Load::Create | Load::Update => client
+                    Load::Create | Load::Update | Load::DryRun => client
                         .apply(pb::ApplyRequest {
                             manifest: manifest(&name, memory_mi),
                             namespace: "load".into(),
+                            dry_run: load == Load::DryRun,
                             ..Default::default()
                         })
                         .await
@@ -300,45 +308,40 @@ fn main() -> anyhow::Result<()> {
             channels.push(ch);
         }
         println!(
-            "{:>7} | {:>10} {:>9} {:>9} {:>14} | {:>10} {:>9} {:>9} {:>14} | {:>12} | {:>6} | {:>10} {:>9} {:>14} | {:>6}",
-            "clients",
-            "creates/s",
-            "p50",
-            "p99",
-            "cpu µs/op (cl)",
-            "updates/s",
-            "p50",
-            "p99",
-            "cpu µs/op (cl)",
-            "log appends/s",
-            "ratio",
-            "checks/s",
-            "p99",
-            "cpu µs/op (cl)",
-            "ratio"
+            "{:>7} | {:<22} | {:>9} {:>9} {:>9} {:>15} | {:>12}",
+            "clients", "requests", "per s", "p50", "p99", "cpu µs/op (cl)", "creates / it"
         );
         for (round, &clients) in levels.iter().enumerate() {
             let create = drive(&channels, clients, run, Load::Create, round).await;
             let update = drive(&channels, clients, run, Load::Update, round).await;
+            let dry_run = drive(&channels, clients, run, Load::DryRun, round).await;
             let floor = drive(&channels, clients, run, Load::HealthCheck, round).await;
             let log = tokio::task::spawn_blocking(move || log_baseline(clients, run)).await?;
+            let row = |what: &str, p: &Phase| {
+                println!(
+                    "{:>7} | {:<22} | {:>9.0} {:>9.2?} {:>9.2?} {:>15} | {:>11.2}x",
+                    clients,
+                    what,
+                    p.rate(),
+                    p.p50,
+                    p.p99,
+                    p.cpu(),
+                    create.rate() / p.rate()
+                );
+            };
+            row("Apply: create", &create);
+            row("Apply: update", &update);
+            row("Apply: create, dry run", &dry_run);
+            row("health Check", &floor);
             println!(
-                "{:>7} | {:>10.0} {:>9.2?} {:>9.2?} {:>14} | {:>10.0} {:>9.2?} {:>9.2?} {:>14} | {:>12.0} | {:>5.2}x | {:>10.0} {:>9.2?} {:>14} | {:>5.2}x",
+                "{:>7} | {:<22} | {:>9.0} {:>9} {:>9} {:>15} | {:>11.2}x",
                 clients,
-                create.rate(),
-                create.p50,
-                create.p99,
-                create.cpu(),
-                update.rate(),
-                update.p50,
-                update.p99,
-                update.cpu(),
+                "log append alone",
                 log,
-                create.rate() / log,
-                floor.rate(),
-                floor.p99,
-                floor.cpu(),
-                create.rate() / floor.rate()
+                "",
+                "",
+                "",
+                create.rate() / log
             );
         }
         anyhow::Ok(())

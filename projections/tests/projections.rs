@@ -767,7 +767,18 @@ fn two_concurrent_creates_with_one_firmware_uuid_one_wins() {
         .expect("one rejection");
     assert_eq!(rejection.category, Category::AlreadyExists);
     assert!(rejection.has_code(codes::FIRMWARE_UUID_TAKEN));
-    assert!(rejection.to_string().contains("vm/default/"), "{rejection}");
+    // The holder is named to a reader of its namespace only.
+    assert!(
+        rejection
+            .describe_for(|ns| ns == Some("default"))
+            .contains("vm/default/"),
+        "{rejection}"
+    );
+    assert!(
+        rejection.to_string().contains("another object")
+            && !rejection.to_string().contains("vm/default/"),
+        "{rejection}"
+    );
     let holder = env
         .projections
         .firmware_holder(uuid.parse().expect("uuid"))

@@ -283,6 +283,25 @@ impl Clients {
     }
 }
 
+/// ops (admin), alice (edit team-a, view shared) and vera (view team-a).
+const STAFF: [AuthToken<'static>; 3] = [
+    AuthToken {
+        principal: "ops",
+        token: OPS,
+        roles: &[("admin", &[])],
+    },
+    AuthToken {
+        principal: "alice",
+        token: ALICE,
+        roles: &[("edit", &["team-a"]), ("view", &["shared"])],
+    },
+    AuthToken {
+        principal: "vera",
+        token: VERA,
+        roles: &[("view", &["team-a"])],
+    },
+];
+
 struct AuthServer {
     server: Server,
     auth_file: std::path::PathBuf,
@@ -295,24 +314,13 @@ fn auth_server() -> &'static AuthServer {
     SERVER.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
         let auth_file = dir.path().join("auth.yaml");
+        let [ops, alice, vera] = STAFF;
         write_auth_file(
             &auth_file,
             &[
-                AuthToken {
-                    principal: "ops",
-                    token: OPS,
-                    roles: &[("admin", &[])],
-                },
-                AuthToken {
-                    principal: "alice",
-                    token: ALICE,
-                    roles: &[("edit", &["team-a"]), ("view", &["shared"])],
-                },
-                AuthToken {
-                    principal: "vera",
-                    token: VERA,
-                    roles: &[("view", &["team-a"])],
-                },
+                ops,
+                alice,
+                vera,
                 AuthToken {
                     principal: "nobody",
                     token: NOBODY,
@@ -978,26 +986,7 @@ fn the_feature_list_counts_only_the_vms_a_reader_may_read() {
 /// (view team-a). For tests that change the cluster config or need a fresh log.
 fn own_auth_server(dir: &std::path::Path) -> Server {
     let auth_file = dir.join("auth.yaml");
-    write_auth_file(
-        &auth_file,
-        &[
-            AuthToken {
-                principal: "ops",
-                token: OPS,
-                roles: &[("admin", &[])],
-            },
-            AuthToken {
-                principal: "alice",
-                token: ALICE,
-                roles: &[("edit", &["team-a"]), ("view", &["shared"])],
-            },
-            AuthToken {
-                principal: "vera",
-                token: VERA,
-                roles: &[("view", &["team-a"])],
-            },
-        ],
-    );
+    write_auth_file(&auth_file, &STAFF);
     Server::start(
         &dir.join("data"),
         &[
