@@ -54,6 +54,15 @@ impl<S: Default> Emitter<S> {
         self.events.push(e);
     }
 
+    /// [`Emitter::emit`], the state evolved by `evolve`, which gives the state the emitter's
+    /// own evolve function would: for a decider that holds typed what the event carries as
+    /// text, so the state is not parsed back from it.
+    pub(crate) fn emit_evolved(&mut self, e: Event, evolve: impl FnOnce(S, &Event) -> S) {
+        let state = std::mem::take(&mut self.state);
+        self.state = evolve(state, &e);
+        self.events.push(e);
+    }
+
     pub(crate) fn claim(&mut self, c: Claim) {
         self.claims.push(c);
     }

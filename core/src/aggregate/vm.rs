@@ -348,6 +348,31 @@ pub fn evolve(mut s: VmState, event: &Event) -> VmState {
 
 /// [`evolve`] in place (what a long fold uses: the state is not moved per event).
 pub fn evolve_in_place(s: &mut VmState, event: &Event) {
+    evolve_with(s, event, None);
+}
+
+/// [`evolve`] of a `VmCreated` or `VmSpecEdited` the decider emits, `vm` being the manifest
+/// its `manifest_json` was written from: the same state, without parsing back the JSON just
+/// written (a create's second parse). Debug builds check that the parse gives `vm`.
+fn evolve_decided(mut s: VmState, event: &Event, vm: VirtualMachine) -> VmState {
+    #[cfg(debug_assertions)]
+    if let Event::VmCreated(VmCreated { manifest_json, .. })
+    | Event::VmSpecEdited(VmSpecEdited { manifest_json }) = event
+    {
+        let parsed: Option<VirtualMachine> = serde_json::from_str(manifest_json).ok();
+        debug_assert_eq!(
+            parsed.as_ref(),
+            Some(&vm),
+            "the event's JSON is the decided VM"
+        );
+    }
+    evolve_with(&mut s, event, Some(vm));
+    s
+}
+
+/// [`evolve_in_place`], the manifest of a `VmCreated` or `VmSpecEdited` taken from `decided`
+/// when given (else parsed from the event).
+fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) {
     s.revision += 1;
     match event {
         Event::VmCreated(e) => {
@@ -358,7 +383,9 @@ pub fn evolve_in_place(s: &mut VmState, event: &Event) {
             s.namespace.clone_from(&e.namespace);
             s.name.clone_from(&e.name);
             s.origin = Some(e.origin);
-            s.vm = parse_json(&e.manifest_json, &mut s.unreadable_events).map(Arc::new);
+            s.vm = decided
+                .or_else(|| parse_json(&e.manifest_json, &mut s.unreadable_events))
+                .map(Arc::new);
             s.firmware = Some(FirmwareIdentity {
                 uuid: e.firmware_uuid,
                 serial: e.firmware_serial.clone(),
@@ -370,9 +397,9 @@ pub fn evolve_in_place(s: &mut VmState, event: &Event) {
         }
         Event::VmSpecEdited(e) => {
             s.generation += 1;
-            if let Some(vm) =
+            if let Some(vm) = decided.or_else(|| {
                 parse_json::<VirtualMachine>(&e.manifest_json, &mut s.unreadable_events)
-            {
+            }) {
                 if vm.spec.instancetype.is_none() {
                     s.instancetype = None;
                 }
@@ -752,12 +779,15 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
             return Ok(Decision::unchanged());
         }
         let json = to_json(&vm);
-        if before != after {
-            em.emit(Event::VmSpecEdited(VmSpecEdited {
-                manifest_json: json,
-            }));
-        }
         let fw = vm.firmware().cloned().unwrap_or_default();
+        if before != after {
+            em.emit_evolved(
+                Event::VmSpecEdited(VmSpecEdited {
+                    manifest_json: json,
+                }),
+                |s, e| evolve_decided(s, e, vm),
+            );
+        }
         let uuid = fw
             .uuid
             .as_deref()
@@ -810,16 +840,19 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
         let f = vm.firmware_mut();
         f.uuid = Some(fw_uuid.to_string());
         f.serial.clone_from(&serial);
-        em.emit(Event::VmCreated(VmCreated {
-            uid,
-            namespace: namespace.clone(),
-            name: name.clone(),
-            origin: p.origin,
-            manifest_json: to_json(&vm),
-            firmware_uuid: fw_uuid,
-            firmware_serial: serial,
-            firmware_origin: fw_origin,
-        }));
+        em.emit_evolved(
+            Event::VmCreated(VmCreated {
+                uid,
+                namespace: namespace.clone(),
+                name: name.clone(),
+                origin: p.origin,
+                manifest_json: to_json(&vm),
+                firmware_uuid: fw_uuid,
+                firmware_serial: serial,
+                firmware_origin: fw_origin,
+            }),
+            |s, e| evolve_decided(s, e, vm),
+        );
         em.claim(Claim::Acquire {
             key: claim_key(&fw_uuid),
             owner: stream.clone(),
