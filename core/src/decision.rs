@@ -71,6 +71,10 @@ pub struct Decision {
     pub claims: Vec<Claim>,
     /// What happened.
     pub outcome: Outcome,
+    /// A VM decision's state after its events: what folding `events` onto the state it was
+    /// decided on gives (`None` for other aggregates, and when there are no events). The
+    /// caller may take it instead of folding them again.
+    pub vm_after: Option<Box<crate::aggregate::vm::VmState>>,
 }
 
 impl Decision {
@@ -80,6 +84,7 @@ impl Decision {
             events: Vec::new(),
             claims: Vec::new(),
             outcome: Outcome::Unchanged,
+            vm_after: None,
         }
     }
 }

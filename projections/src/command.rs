@@ -543,12 +543,9 @@ impl CommandHandler {
     /// The outcome of `command` and the state it would leave: decided on the current state
     /// and folded, never appended.
     fn preview(&self, command: Command) -> Result<(Outcome, AggState), CommandError> {
-        let (snapshot, decision) = self.decided(&command)?;
-        let mut state = snapshot.state.clone();
-        for event in &decision.events {
-            state.evolve(event);
-        }
-        Ok((decision.outcome, state))
+        let (snapshot, mut decision) = self.decided(&command)?;
+        let after = after_decision(&snapshot, &mut decision);
+        Ok((decision.outcome, after.state))
     }
 
     /// The stored VM `namespace/name` fully rendered (instancetype, preference, defaults,
@@ -811,11 +808,36 @@ fn attempt(
             attempts,
         });
     }
-    let mut after = Snapshot::clone(snapshot);
-    for event in &decision.events {
-        after.state.evolve(event);
-    }
+    let mut decision = decision;
+    let after = after_decision(snapshot, &mut decision);
     Attempt::Append(decision, after)
+}
+
+/// `snapshot` with `decision`'s events folded in. A VM decision carries that state already
+/// (core's decider folded them as it decided): it is taken, not folded again.
+fn after_decision(snapshot: &Snapshot, decision: &mut Decision) -> Snapshot {
+    let decided = match (&snapshot.state, decision.vm_after.take()) {
+        (AggState::Vm(_), Some(vm)) => Some(AggState::Vm(vm)),
+        _ => None,
+    };
+    match decided {
+        // Field by field: cloning the snapshot would clone its state only to drop it.
+        Some(state) => Snapshot {
+            state,
+            position: snapshot.position,
+            recorded_at_ns: snapshot.recorded_at_ns,
+            created_at_ns: snapshot.created_at_ns,
+            vm_json: snapshot.vm_json.clone(),
+            vmi_position: snapshot.vmi_position,
+        },
+        None => {
+            let mut after = Snapshot::clone(snapshot);
+            for event in &decision.events {
+                after.state.evolve(event);
+            }
+            after
+        }
+    }
 }
 
 /// What an append of a decision came to (see [`CommandHandler::appended`]).

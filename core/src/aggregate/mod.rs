@@ -75,6 +75,22 @@ impl<S: Default> Emitter<S> {
             events: self.events,
             claims: self.claims,
             outcome,
+            vm_after: None,
+        }
+    }
+}
+
+impl Emitter<vm::VmState> {
+    /// [`Emitter::finish`], the decision carrying the VM state its events lead to.
+    pub(crate) fn finish_vm(self, outcome: crate::decision::Outcome) -> crate::decision::Decision {
+        if self.events.is_empty() {
+            return crate::decision::Decision::unchanged();
+        }
+        crate::decision::Decision {
+            events: self.events,
+            claims: self.claims,
+            outcome,
+            vm_after: Some(Box::new(self.state)),
         }
     }
 }

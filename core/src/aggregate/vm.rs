@@ -872,7 +872,7 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
             to_json(o),
         )));
     }
-    Ok(em.finish(if live {
+    Ok(em.finish_vm(if live {
         Outcome::Configured
     } else {
         Outcome::Created
@@ -916,7 +916,7 @@ fn delete(state: &VmState, expected: Option<u64>) -> Result<Decision, Rejection>
             owner: state.stream(),
         });
     }
-    Ok(em.finish(Outcome::Deleted))
+    Ok(em.finish_vm(Outcome::Deleted))
 }
 
 fn live_strategy(state: &VmState) -> Result<RunStrategy, Rejection> {
@@ -966,7 +966,7 @@ fn start(state: &VmState, paused: bool) -> Result<Decision, Rejection> {
     };
     let mut em = Emitter::new(state.clone(), evolve);
     em.emit(Event::VmStartRequested(event));
-    Ok(em.finish(Outcome::Recorded))
+    Ok(em.finish_vm(Outcome::Recorded))
 }
 
 /// KubeVirt's stop subresource rules.
@@ -998,7 +998,7 @@ fn stop(state: &VmState) -> Result<Decision, Rejection> {
     };
     let mut em = Emitter::new(state.clone(), evolve);
     em.emit(Event::VmStopRequested(event));
-    Ok(em.finish(Outcome::Recorded))
+    Ok(em.finish_vm(Outcome::Recorded))
 }
 
 /// KubeVirt's restart subresource rules.
@@ -1029,7 +1029,7 @@ fn restart(state: &VmState) -> Result<Decision, Rejection> {
     em.emit(Event::VmRestartRequested(VmRestartRequested {
         vmi_uid: vmi.uid,
     }));
-    Ok(em.finish(Outcome::Recorded))
+    Ok(em.finish_vm(Outcome::Recorded))
 }
 
 fn launch(state: &VmState, features: &Features, ctx: &mut Ctx) -> Result<Decision, Rejection> {
@@ -1054,7 +1054,7 @@ fn launch(state: &VmState, features: &Features, ctx: &mut Ctx) -> Result<Decisio
         paused: state.run.start_paused,
         at_ms: ctx.now_ms(),
     }));
-    Ok(em.finish(Outcome::Recorded))
+    Ok(em.finish_vm(Outcome::Recorded))
 }
 
 fn observe(
@@ -1132,7 +1132,7 @@ fn observe(
             }
         }
     }
-    Ok(em.finish(Outcome::Recorded))
+    Ok(em.finish_vm(Outcome::Recorded))
 }
 
 fn stale_final(vmi: &VmiRun) -> Rejection {

@@ -155,6 +155,16 @@ impl Scenario {
                 assert_eq!(&back, e, "event survives the registry");
                 self.events.push(back);
             }
+            // The state the decision carries is the fold of the stream with its events.
+            if d.events.is_empty() {
+                assert!(d.vm_after.is_none(), "no events, no state after");
+            } else {
+                assert_eq!(
+                    d.vm_after.as_deref(),
+                    Some(&self.state()),
+                    "the decision's state after is the fold of its events"
+                );
+            }
         }
         r
     }
