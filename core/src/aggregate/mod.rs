@@ -68,6 +68,15 @@ impl<S: Default> Emitter<S> {
     }
 
     pub(crate) fn finish(self, outcome: crate::decision::Outcome) -> crate::decision::Decision {
+        self.finish_with(outcome, |_| None)
+    }
+
+    /// The decision, `vm_after` what `keep` makes of the state its events lead to.
+    fn finish_with(
+        self,
+        outcome: crate::decision::Outcome,
+        keep: impl FnOnce(S) -> Option<Box<vm::VmState>>,
+    ) -> crate::decision::Decision {
         if self.events.is_empty() {
             return crate::decision::Decision::unchanged();
         }
@@ -75,7 +84,7 @@ impl<S: Default> Emitter<S> {
             events: self.events,
             claims: self.claims,
             outcome,
-            vm_after: None,
+            vm_after: keep(self.state),
         }
     }
 }
@@ -83,14 +92,6 @@ impl<S: Default> Emitter<S> {
 impl Emitter<vm::VmState> {
     /// [`Emitter::finish`], the decision carrying the VM state its events lead to.
     pub(crate) fn finish_vm(self, outcome: crate::decision::Outcome) -> crate::decision::Decision {
-        if self.events.is_empty() {
-            return crate::decision::Decision::unchanged();
-        }
-        crate::decision::Decision {
-            events: self.events,
-            claims: self.claims,
-            outcome,
-            vm_after: Some(Box::new(self.state)),
-        }
+        self.finish_with(outcome, |state| Some(Box::new(state)))
     }
 }
