@@ -195,10 +195,7 @@ fn documents(
     for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let value: serde_json::Value =
             serde::Deserialize::deserialize(de).map_err(|e| InputError::Syntax {
-                place: match name {
-                    Some(_) => place_of(i + 1),
-                    None => format!("{file}: {}", place_of(i + 1)),
-                },
+                place: in_input(place_of(i + 1), file, name),
                 message: e.to_string(),
             })?;
         if value.is_null() {
@@ -213,7 +210,7 @@ fn documents(
 /// when `value` is itself an item of a list.
 fn items(
     place: String,
-    value: serde_json::Value,
+    mut value: serde_json::Value,
     listed: bool,
     file: &str,
     name: Option<&str>,
@@ -227,16 +224,13 @@ fn items(
         });
         return Ok(());
     }
-    let listed_items = match value.get("items") {
-        Some(serde_json::Value::Array(list)) => list.clone(),
+    let listed_items = match value.get_mut("items").map(serde_json::Value::take) {
+        Some(serde_json::Value::Array(list)) => list,
         // `items: null` or none at all: an empty list.
         None | Some(serde_json::Value::Null) => Vec::new(),
         Some(_) => {
             return Err(InputError::ListItems {
-                place: match name {
-                    Some(_) => place,
-                    None => format!("{file}: {place}"),
-                },
+                place: in_input(place, file, name),
             });
         }
     };
@@ -253,6 +247,15 @@ fn items(
         }
     }
     Ok(())
+}
+
+/// `place` as an error names it: a directory's places start with their file's path already,
+/// else the input (`-f`'s value) goes first.
+fn in_input(place: String, file: &str, name: Option<&str>) -> String {
+    match name {
+        Some(_) => place,
+        None => format!("{file}: {place}"),
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use vmplane_store::{
 use crate::cache::StateCache;
 use crate::error::Error;
 use crate::model::{AggState, Snapshot, stream_of};
+use crate::projections::is_another_config;
 
 /// Bounds of the command path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -912,7 +913,7 @@ fn decide_on_kind(
                 command: ObjectCommand::Delete(_),
                 ..
             },
-        ) if !name.is_empty() && !s.name.is_empty() && s.name != *name => {
+        ) if !s.name.is_empty() && is_another_config(Kind::KubeVirt, name, &s.name) => {
             Err(Rejection::not_found(
                 "metadata.name",
                 vmplane_core::codes::NOT_FOUND,

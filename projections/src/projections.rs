@@ -163,6 +163,13 @@ impl std::fmt::Debug for Projections {
     }
 }
 
+/// Whether `kind` `name` asks for a KubeVirt object other than the cluster config, named
+/// `config`: the config's stream, `cluster/config`, is named after no object, so the name is
+/// checked against the one it holds. An empty name asks for the config itself.
+pub(crate) fn is_another_config(kind: Kind, name: &str, config: &str) -> bool {
+    kind == Kind::KubeVirt && !name.is_empty() && config != name
+}
+
 impl Projections {
     /// Projections kept only in memory (built by replaying the log from position 0).
     pub fn in_memory(log: Arc<dyn EventLog>, options: ProjectionOptions) -> Result<Projections> {
@@ -438,13 +445,13 @@ impl Projections {
     /// KubeVirt object must not read (or, in the gateway, delete) the config. Other kinds, an
     /// empty name, and a stream with no object yet pass (the caller's own NotFound follows).
     pub fn check_cluster_config_name(&self, kind: Kind, name: &str) -> Result<()> {
-        if kind != Kind::KubeVirt || name.is_empty() {
+        if kind != Kind::KubeVirt {
             return Ok(());
         }
         self.catch_up()?;
         let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
         match model.entry(&stream_of(kind, "", name)) {
-            Some(entry) if entry.name() != name => Err(Error::NotFound {
+            Some(entry) if is_another_config(kind, name, entry.name()) => Err(Error::NotFound {
                 what: format!("{} {name}", kind.as_str()),
             }),
             _ => Ok(()),
@@ -552,7 +559,7 @@ impl Projections {
             let Some(entry) = model.entry(&stream) else {
                 return Ok(None);
             };
-            if kind == Kind::KubeVirt && !name.is_empty() && entry.name() != name {
+            if is_another_config(kind, name, entry.name()) {
                 return Ok(None);
             }
             let revision = match at {
