@@ -331,21 +331,9 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `shared/testdata/kubevirt`: real KubeVirt manifests (see its SOURCES.txt). `VMPLANE_TESTDATA`
-/// overrides the `shared/testdata` directory.
-pub fn kubevirt_testdata() -> PathBuf {
-    let base = std::env::var_os("VMPLANE_TESTDATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let beside = repo_root().join("../shared/testdata");
-            if beside.exists() {
-                beside
-            } else {
-                PathBuf::from("/work/shared/testdata")
-            }
-        });
-    base.join("kubevirt")
-}
+#[path = "testdata_dir.rs"]
+mod testdata_dir;
+pub use testdata_dir::kubevirt_testdata;
 
 /// The `vmplane` client pointed at one server, with an optional token and CA certificate. The
 /// environment's `VMPLANE_SERVER`, `VMPLANE_TOKEN` and `VMPLANE_CA_CERT` are ignored.

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use vmplane_core::types::{Instancetype, Manifest, Preference, VirtualMachine, parse_manifests};
 use vmplane_core::*;
 
-/// `shared/testdata/kubevirt` (override with `VMPLANE_TESTDATA`).
+#[path = "../../../tests/testdata_dir.rs"]
+mod testdata_dir;
+
+/// `shared/testdata/kubevirt` (where it is looked for: `tests/testdata_dir.rs`).
 pub fn testdata_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("VMPLANE_TESTDATA") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata/kubevirt")
+    testdata_dir::kubevirt_testdata()
 }
 
 /// Every YAML file under the test data, sorted.

@@ -1,6 +1,9 @@
 //! Shared helpers: a real SledLog in a temp dir, VM manifests, and one `check_*` entry per area.
 #![allow(dead_code)]
 
+#[path = "../../../tests/testdata_dir.rs"]
+mod testdata_dir;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -140,9 +143,7 @@ pub fn vm_with(ns: &str, name: &str, memory: &str, firmware_uuid: Option<&str>) 
 
 /// A manifest from shared/testdata/kubevirt.
 pub fn testdata(path: &str) -> Manifest {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/testdata/kubevirt")
-        .join(path);
+    let full = testdata_dir::kubevirt_testdata().join(path);
     let bytes = std::fs::read(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()));
     parse_manifest(&bytes).expect("testdata manifest")
 }
