@@ -102,9 +102,7 @@ fn sled_commits(dir: &Path, way: Way, commits: u64, events: usize, value_len: us
         .open(dir.join("db"))
         .expect("sled's data file");
     let mut keys = Keys(0x9E37_79B9_7F4A_7C15);
-    let mut steps = Vec::with_capacity(usize::try_from(commits).unwrap_or(0));
-    let (written, cpu, started) = (written_bytes(), process_cpu(), Instant::now());
-    for commit in 0..commits {
+    measure(commits, |commit| {
         let t0 = Instant::now();
         let mut batch = sled::Batch::default();
         let mut key = vec![b'b'];
@@ -132,28 +130,30 @@ fn sled_commits(dir: &Path, way: Way, commits: u64, events: usize, value_len: us
         db.flush().expect("flush");
         let t2 = Instant::now();
         data.sync_data().expect("fdatasync");
-        steps.push((t1 - t0, t2 - t1, t2.elapsed()));
-    }
-    Run {
-        seconds: started.elapsed().as_secs_f64(),
-        cpu: process_cpu() - cpu,
-        written: written_bytes() - written,
-        steps,
-    }
+        (t1 - t0, t2 - t1, t2.elapsed())
+    })
 }
 
 fn file_commits(dir: &Path, commits: u64, value_len: usize) -> Run {
     let mut file = File::create(dir.join("log")).expect("create the file");
-    let mut steps = Vec::with_capacity(usize::try_from(commits).unwrap_or(0));
-    let (written, cpu, started) = (written_bytes(), process_cpu(), Instant::now());
-    for _ in 0..commits {
+    measure(commits, |_| {
         let t0 = Instant::now();
         let value = vec![0x5a; value_len];
         let t1 = Instant::now();
         file.write_all(&value).expect("write");
         let t2 = Instant::now();
         file.sync_data().expect("fdatasync");
-        steps.push((t1 - t0, t2 - t1, t2.elapsed()));
+        (t1 - t0, t2 - t1, t2.elapsed())
+    })
+}
+
+/// Runs `commit` for commits `0..commits`, with the process's processor time and bytes written
+/// around them all.
+fn measure(commits: u64, mut commit: impl FnMut(u64) -> Steps) -> Run {
+    let mut steps = Vec::with_capacity(usize::try_from(commits).unwrap_or(0));
+    let (written, cpu, started) = (written_bytes(), process_cpu(), Instant::now());
+    for n in 0..commits {
+        steps.push(commit(n));
     }
     Run {
         seconds: started.elapsed().as_secs_f64(),
