@@ -55,7 +55,8 @@ pub struct GlobalArgs {
     #[arg(short = 'n', long, global = true, default_value = "default")]
     pub namespace: String,
 
-    /// Output format.
+    /// Output format (`name`: `KIND/NAME` per object, for get, apply, import, delete,
+    /// snapshot, restore and clone).
     #[arg(short = 'o', long, global = true, value_enum)]
     pub output: Option<Output>,
 
@@ -90,7 +91,8 @@ impl Cli {
     }
 
     /// Parses `args` as clap does, then records whether `-n` was given and refuses what clap
-    /// cannot express: a name with `get -A`.
+    /// cannot express: a name with `get -A`, and `-o name` for a command that prints no
+    /// objects.
     pub fn parse_from_args<I, T>(args: I) -> Result<Cli, clap::Error>
     where
         I: IntoIterator<Item = T>,
@@ -101,8 +103,24 @@ impl Cli {
         // Asked before the values are taken out of `matches`.
         let namespace_explicit =
             matches.value_source("namespace") == Some(ValueSource::CommandLine);
+        let subcommand = matches.subcommand_name().map(str::to_owned);
         let mut cli = Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))?;
         cli.global.namespace_explicit = namespace_explicit;
+        if cli.global.output == Some(Output::Name) && !cli.command.prints_object_names() {
+            cmd.build();
+            let name = subcommand.unwrap_or_default();
+            let sub = cmd
+                .find_subcommand_mut(&name)
+                .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
+            return Err(sub.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "-o name prints object names, and `{name}` prints none; use -o table, yaml \
+                     or json (-o name is for get, apply, import, delete, snapshot, restore and \
+                     clone)"
+                ),
+            ));
+        }
         if let Command::Get(get) = &cli.command
             && get.name.is_some()
             && get.all_namespaces
@@ -138,6 +156,28 @@ pub enum Output {
     Yaml,
     /// KubeVirt-shaped JSON (one object per line for `watch`).
     Json,
+    /// `KIND/NAME` per object, a line each, for scripts (`get`, `apply`, `import`, `delete`,
+    /// `snapshot`, `restore`, `clone`).
+    Name,
+}
+
+impl Command {
+    /// Whether `-o name` means something for the command: it prints objects (or, as `serve`
+    /// and `completion`, ignores the client's flags altogether).
+    fn prints_object_names(&self) -> bool {
+        matches!(
+            self,
+            Command::Serve(_)
+                | Command::Completion(_)
+                | Command::Apply(_)
+                | Command::Import(_)
+                | Command::Get(_)
+                | Command::Delete(_)
+                | Command::Snapshot(_)
+                | Command::Restore(_)
+                | Command::Clone(_)
+        )
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -767,6 +807,56 @@ mod tests {
         // A list across namespaces, or one object in one, are fine.
         parsed(&["vmplane", "get", "vms", "-A"]);
         parsed(&["vmplane", "get", "vm", "demo", "-n", "a"]);
+    }
+
+    #[test]
+    fn output_name_is_refused_for_a_command_that_prints_no_objects() {
+        for command in [
+            &["history", "vm", "demo"][..],
+            &["audit"],
+            &["watch"],
+            &["features"],
+            &["expand", "vm", "demo"],
+            &["diff", "vm", "demo", "--from", "1"],
+            &["start", "demo"],
+            &["admin", "backup", "--out", "b"],
+        ] {
+            let args: Vec<&str> = ["vmplane"]
+                .iter()
+                .chain(command)
+                .chain(&["-o", "name"])
+                .copied()
+                .collect();
+            let line = line_for(&args);
+            assert!(
+                line.starts_with(&format!(
+                    "vmplane: error: -o name prints object names, and `{}` prints none; use -o \
+                     table, yaml or json",
+                    command[0]
+                )) && line.contains(&format!("usage: vmplane {}", command[0])),
+                "{args:?}: {line}"
+            );
+        }
+        for command in [
+            &["get", "vms"][..],
+            &["get", "vm", "demo"],
+            &["apply", "-f", "x"],
+            &["import", "-f", "x"],
+            &["delete", "vm", "demo"],
+            &["snapshot", "demo", "s"],
+            &["restore", "demo", "--snapshot", "s"],
+            &["clone", "demo", "demo2"],
+            // The client's flags mean nothing to these two: accepted and ignored, as before.
+            &["serve"],
+            &["completion", "bash"],
+        ] {
+            let args: Vec<&str> = ["vmplane", "-o", "name"]
+                .iter()
+                .chain(command)
+                .copied()
+                .collect();
+            parsed(&args);
+        }
     }
 
     #[test]

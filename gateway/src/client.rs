@@ -249,10 +249,10 @@ pub async fn apply(
                 let obj = r.object.unwrap_or_default();
                 let suffix = if a.dry_run { " (dry run)" } else { "" };
                 match g.output {
-                    Some(Output::Json) | Some(Output::Yaml) => {
+                    Some(Output::Json) | Some(Output::Yaml) | Some(Output::Name) => {
                         print::object(&mut out, g.output, &obj)?;
                     }
-                    _ => writeln!(
+                    None | Some(Output::Table) => writeln!(
                         out,
                         "{}/{} {}{suffix}",
                         print::short_kind(&obj.kind),
@@ -319,7 +319,7 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
         None => {
             let resp = list_all(c, g, a).await?;
             match g.output {
-                None | Some(Output::Table) => {
+                None | Some(Output::Table) | Some(Output::Name) => {
                     if resp.items.is_empty() {
                         let cluster_scoped = vmplane_core::types::Kind::from_cli_name(&a.kind)
                             .is_some_and(|k| k.cluster_wide());
@@ -330,6 +330,8 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
                         } else {
                             eprintln!("No resources found in namespace {}.", g.namespace);
                         }
+                    } else if g.output == Some(Output::Name) {
+                        print::list(&mut out, g.output, &resp.items, resp.read_position)?;
                     } else {
                         print::object_table(&mut out, &resp.items, a.all_namespaces)?;
                     }
@@ -395,7 +397,11 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
     let kind = vmplane_core::types::Kind::from_cli_name(&a.kind)
         .map(|k| print::short_kind(k.as_str()))
         .unwrap_or_else(|| print::short_kind_of_arg(&a.kind));
-    println!("{kind}/{} deleted", a.name);
+    if g.output == Some(Output::Name) {
+        println!("{kind}/{}", a.name);
+    } else {
+        println!("{kind}/{} deleted", a.name);
+    }
     Ok(())
 }
 
@@ -651,10 +657,10 @@ async fn apply_saga(
         None => "InProgress".to_owned(),
     };
     match g.output {
-        Some(Output::Json) | Some(Output::Yaml) => {
+        Some(Output::Json) | Some(Output::Yaml) | Some(Output::Name) => {
             print::object(&mut std::io::stdout().lock(), g.output, &obj)?;
         }
-        _ => println!(
+        None | Some(Output::Table) => println!(
             "{}/{} {} ({state})",
             print::short_kind(&obj.kind),
             obj.name,

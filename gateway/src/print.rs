@@ -28,14 +28,23 @@ fn parse(obj: &pb::Object) -> anyhow::Result<serde_json::Value> {
         .with_context(|| format!("the server sent invalid JSON for {}/{}", obj.kind, obj.name))
 }
 
-/// One object as YAML or JSON.
+/// One object as YAML or JSON, or its `KIND/NAME` line.
 pub fn object(
     out: &mut impl Write,
     format: Option<Output>,
     obj: &pb::Object,
 ) -> anyhow::Result<()> {
+    if format == Some(Output::Name) {
+        return name(out, obj);
+    }
     let value = parse(obj)?;
     value_to(out, format.unwrap_or(Output::Yaml), &value)
+}
+
+/// `-o name`: the object as `KIND/NAME`, the form `apply` and `delete` report it in.
+pub fn name(out: &mut impl Write, obj: &pb::Object) -> anyhow::Result<()> {
+    writeln!(out, "{}/{}", short_kind(&obj.kind), obj.name)?;
+    Ok(())
 }
 
 /// Any JSON value as YAML or JSON (a table falls back to YAML).
@@ -57,7 +66,9 @@ fn value_to(
             serde_json::to_writer_pretty(&mut *out, value)?;
             writeln!(out)?;
         }
-        Output::Yaml | Output::Table => {
+        // Names are written by `object` and `list`; a command that prints no object is not
+        // given `-o name` (refused when the command line is parsed).
+        Output::Yaml | Output::Table | Output::Name => {
             out.write_all(serde_yaml::to_string(value)?.as_bytes())?;
         }
     }
@@ -73,6 +84,9 @@ pub fn list(
     items: &[pb::Object],
     read_position: u64,
 ) -> anyhow::Result<()> {
+    if format == Some(Output::Name) {
+        return items.iter().try_for_each(|obj| name(out, obj));
+    }
     #[derive(serde::Serialize)]
     #[serde(rename_all = "camelCase")]
     struct List<'a> {
@@ -353,7 +367,8 @@ pub fn watch_event(
             });
             out.write_all(serde_yaml::to_string(&v)?.as_bytes())?;
         }
-        None | Some(Output::Table) => table.row(out, e)?,
+        // `-o name` is refused for `watch` when the command line is parsed.
+        None | Some(Output::Table) | Some(Output::Name) => table.row(out, e)?,
     }
     Ok(())
 }

@@ -482,6 +482,70 @@ fn audit_and_watch_name_the_kubevirt_object_and_filter_by_the_kind_an_event_is_a
 }
 
 #[test]
+fn output_name_prints_kind_slash_name_for_scripts() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-name";
+    let vm = repo_root().join("examples/vm.yaml");
+    let vm = vm.to_str().expect("utf-8");
+    // apply, a dry run too: the object's name, not the outcome.
+    assert_eq!(
+        vmplane.ok(&["apply", "-f", vm, "-n", ns, "--dry-run", "-o", "name"]),
+        "virtualmachine/demo\n"
+    );
+    assert_eq!(
+        vmplane.ok(&["apply", "-f", vm, "-n", ns, "-o", "name"]),
+        "virtualmachine/demo\n"
+    );
+    assert_eq!(
+        vmplane.ok(&["apply", "-f", vm, "-n", ns, "-o", "name"]),
+        "virtualmachine/demo\n",
+        "unchanged, still the name"
+    );
+    vmplane.ok(&["clone", "demo", "demo2", "-n", ns]);
+    let clone_vm = || vmplane.run(&["get", "vm", "demo2", "-n", ns]).0 == 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !clone_vm() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clone never made demo2"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // get: one object, a list (a line each, in the table's order), every namespace.
+    assert_eq!(
+        vmplane.ok(&["get", "vm", "demo", "-n", ns, "-o", "name"]),
+        "virtualmachine/demo\n"
+    );
+    assert_eq!(
+        vmplane.ok(&["get", "vms", "-n", ns, "-o", "name"]),
+        "virtualmachine/demo\nvirtualmachine/demo2\n"
+    );
+    let all = vmplane.ok(&["get", "vms", "-A", "-o", "name"]);
+    assert!(
+        all.lines()
+            .all(|l| l.starts_with("virtualmachine/") && !l.contains(' ')),
+        "{all}"
+    );
+    // An empty list says so on stderr, as the table does; stdout stays empty.
+    let (code, out, err) = vmplane.run(&["get", "vms", "-n", "output-name-none", "-o", "name"]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert_eq!(err, "No resources found in namespace output-name-none.\n");
+    // delete: the name it deleted.
+    assert_eq!(
+        vmplane.ok(&["delete", "vm", "demo2", "-n", ns, "-o", "name"]),
+        "virtualmachine/demo2\n"
+    );
+    // A command that prints no objects refuses it, in one line, before sending anything.
+    let (code, out, err) = vmplane.run(&["history", "vm", "demo", "-n", ns, "-o", "name"]);
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    assert!(
+        err.starts_with("vmplane: error: -o name prints object names, and `history` prints none")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+#[test]
 fn an_empty_audit_says_so_on_stderr_and_is_an_empty_list_in_json_and_yaml() {
     let vmplane = Cli::new(shared_server());
     let ns = "output-empty-audit";
