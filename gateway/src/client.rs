@@ -647,7 +647,7 @@ async fn apply_saga(
     let obj = resp.object.unwrap_or_default();
     let doc: serde_json::Value = serde_json::from_str(&obj.json).unwrap_or_default();
     let status = doc.get("status").cloned().unwrap_or_default();
-    let failure = saga_failure(&status);
+    let failure = print::saga_failure(&status);
     let state = match status.get("phase").and_then(|p| p.as_str()) {
         Some(p) => p.to_owned(),
         None if status.get("complete").and_then(|c| c.as_bool()) == Some(true) => {
@@ -676,40 +676,6 @@ async fn apply_saga(
         );
     }
     Ok(())
-}
-
-/// Why a snapshot, restore or clone failed, from its `status` (`None` while it has not):
-/// KubeVirt's `Failure` condition (snapshots, restores), else, once the phase is `Failed`,
-/// `status.error.message` (snapshots) or the first condition's `message` (a clone's `Ready`).
-fn saga_failure(status: &serde_json::Value) -> Option<String> {
-    let conditions = status
-        .get("conditions")
-        .and_then(|c| c.as_array())
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let text = |c: &serde_json::Value, key: &str| {
-        c.get(key)
-            .and_then(|m| m.as_str())
-            .filter(|m| !m.is_empty())
-            .map(str::to_owned)
-    };
-    let condition = conditions.iter().find(|c| {
-        c.get("type").and_then(|t| t.as_str()) == Some("Failure")
-            && c.get("status").and_then(|s| s.as_str()) == Some("True")
-    });
-    let failed = status.get("phase").and_then(|p| p.as_str()) == Some("Failed");
-    if condition.is_none() && !failed {
-        return None;
-    }
-    let error = status.get("error").and_then(|e| text(e, "message"));
-    let reason = condition.and_then(|c| text(c, "message").or_else(|| text(c, "reason")));
-    let message = conditions.iter().find_map(|c| text(c, "message"));
-    Some(
-        error
-            .or(reason)
-            .or(message)
-            .unwrap_or_else(|| "failed".to_owned()),
-    )
 }
 
 /// `snapshot NAME SNAPSHOT`: a VirtualMachineSnapshot of VM NAME.
@@ -770,41 +736,4 @@ pub async fn clone_vm(
         },
     });
     apply_saga(c, g, manifest).await
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::saga_failure;
-
-    #[test]
-    fn a_saga_failure_is_read_from_whichever_place_its_kind_keeps_the_reason() {
-        // A clone: phase Failed, the reason in its conditions' message.
-        let clone = json!({"phase": "Failed", "conditions": [
-            {"type": "Progressing", "status": "False", "reason": "Failed", "message": "VirtualMachine demo2 already exists in namespace default"},
-            {"type": "Ready", "status": "False", "reason": "Failed", "message": "VirtualMachine demo2 already exists in namespace default"}]});
-        assert_eq!(
-            saga_failure(&clone).as_deref(),
-            Some("VirtualMachine demo2 already exists in namespace default")
-        );
-        // A snapshot: a Failure condition with a reason code, the sentence in `error`.
-        let snapshot = json!({"phase": "Failed", "error": {"message": "VirtualMachine default/x does not exist"},
-            "conditions": [{"type": "Failure", "status": "True", "reason": "SourceDoesNotExist"}]});
-        assert_eq!(
-            saga_failure(&snapshot).as_deref(),
-            Some("VirtualMachine default/x does not exist")
-        );
-        // A restore: a Failure condition only.
-        let restore = json!({"conditions": [{"type": "Failure", "status": "True", "reason": "RestoreFailed"}]});
-        assert_eq!(saga_failure(&restore).as_deref(), Some("RestoreFailed"));
-        // Still running, or done: no failure.
-        let running = json!({"phase": "InProgress", "conditions": [{"type": "Ready", "status": "False", "message": "Still processing"}]});
-        assert_eq!(saga_failure(&running), None);
-        assert_eq!(saga_failure(&json!({"phase": "Succeeded"})), None);
-        assert_eq!(
-            saga_failure(&json!({"phase": "Failed"})).as_deref(),
-            Some("failed")
-        );
-    }
 }

@@ -144,6 +144,8 @@ pub fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> std
                 s.extend(std::iter::repeat_n(' ', pad));
             }
         }
+        // Empty trailing cells leave no padding behind.
+        s.truncate(s.trim_end().len());
         s
     };
     writeln!(out, "{}", line(header.to_vec()))?;
@@ -167,12 +169,68 @@ pub fn age(created: Option<&str>, now: DateTime<Utc>) -> String {
     }
 }
 
+/// A cell of the value at `path`: a string as it is, a boolean or number as JSON writes it,
+/// empty when absent (kubectl's printer columns).
+fn text_at(v: &serde_json::Value, path: &[&str]) -> String {
+    let mut cur = v;
+    for p in path {
+        match cur.get(p) {
+            Some(next) => cur = next,
+            None => return String::new(),
+        }
+    }
+    match cur {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Bool(_) | serde_json::Value::Number(_) => cur.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// A date column as kubectl prints one: its age, empty when absent.
+fn when(at: Option<&str>, now: DateTime<Utc>) -> String {
+    at.map(|at| age(Some(at), now)).unwrap_or_default()
+}
+
 fn str_at<'a>(v: &'a serde_json::Value, path: &[&str]) -> Option<&'a str> {
     let mut cur = v;
     for p in path {
         cur = cur.get(p)?;
     }
     cur.as_str()
+}
+
+/// Why a snapshot, restore or clone failed, from its `status` (`None` while it has not):
+/// KubeVirt's `Failure` condition (snapshots, restores), else, once the phase is `Failed`,
+/// `status.error.message` (snapshots) or the first condition's `message` (a clone's `Ready`).
+pub fn saga_failure(status: &serde_json::Value) -> Option<String> {
+    let conditions = status
+        .get("conditions")
+        .and_then(|c| c.as_array())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let text = |c: &serde_json::Value, key: &str| {
+        c.get(key)
+            .and_then(|m| m.as_str())
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+    };
+    let condition = conditions.iter().find(|c| {
+        c.get("type").and_then(|t| t.as_str()) == Some("Failure")
+            && c.get("status").and_then(|s| s.as_str()) == Some("True")
+    });
+    let failed = status.get("phase").and_then(|p| p.as_str()) == Some("Failed");
+    if condition.is_none() && !failed {
+        return None;
+    }
+    let error = status.get("error").and_then(|e| text(e, "message"));
+    let reason = condition.and_then(|c| text(c, "message").or_else(|| text(c, "reason")));
+    let message = conditions.iter().find_map(|c| text(c, "message"));
+    Some(
+        error
+            .or(reason)
+            .or(message)
+            .unwrap_or_else(|| "failed".to_owned()),
+    )
 }
 
 /// A table of objects, with columns that fit their kind.
@@ -188,11 +246,35 @@ pub fn object_table(
         header.push("NAMESPACE");
     }
     let mut rows = Vec::new();
+    // Snapshots, restores and clones: KubeVirt's printer columns (a date column as an age).
     match kind {
         "VirtualMachine" => header.extend(["NAME", "STATUS", "AGE", "GENERATION", "FIRMWARE-UUID"]),
         "VirtualMachineInstance" => {
             header.extend(["NAME", "PHASE", "AGE", "NODE", "FIRMWARE-UUID"])
         }
+        "VirtualMachineSnapshot" => header.extend([
+            "NAME",
+            "SOURCEKIND",
+            "SOURCENAME",
+            "PHASE",
+            "READYTOUSE",
+            "CREATIONTIME",
+            "ERROR",
+        ]),
+        "VirtualMachineRestore" => header.extend([
+            "NAME",
+            "TARGETKIND",
+            "TARGETNAME",
+            "COMPLETE",
+            "RESTORETIME",
+            "ERROR",
+        ]),
+        "VirtualMachineClone" => header.extend([
+            "NAME",
+            "PHASE",
+            "SOURCEVIRTUALMACHINE",
+            "TARGETVIRTUALMACHINE",
+        ]),
         _ => header.extend(["NAME", "AGE", "GENERATION"]),
     }
     for obj in items {
@@ -235,6 +317,32 @@ pub fn object_table(
                         .to_string(),
                 );
             }
+            "VirtualMachineSnapshot" => {
+                let status = v.get("status").cloned().unwrap_or_default();
+                row.extend([
+                    text_at(&v, &["spec", "source", "kind"]),
+                    text_at(&v, &["spec", "source", "name"]),
+                    text_at(&v, &["status", "phase"]),
+                    text_at(&v, &["status", "readyToUse"]),
+                    when(str_at(&v, &["status", "creationTime"]), now),
+                    saga_failure(&status).unwrap_or_default(),
+                ]);
+            }
+            "VirtualMachineRestore" => {
+                let status = v.get("status").cloned().unwrap_or_default();
+                row.extend([
+                    text_at(&v, &["spec", "target", "kind"]),
+                    text_at(&v, &["spec", "target", "name"]),
+                    text_at(&v, &["status", "complete"]),
+                    when(str_at(&v, &["status", "restoreTime"]), now),
+                    saga_failure(&status).unwrap_or_default(),
+                ]);
+            }
+            "VirtualMachineClone" => row.extend([
+                text_at(&v, &["status", "phase"]),
+                text_at(&v, &["spec", "source", "name"]),
+                text_at(&v, &["spec", "target", "name"]),
+            ]),
             _ => {
                 row.push(age(created, now));
                 row.push(obj.generation.to_string());
@@ -586,6 +694,8 @@ mod tests {
         super::watch_event(out, None, e, table).expect("print");
     }
 
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -644,6 +754,120 @@ mod tests {
         assert_eq!(
             text,
             "NAME          STATUS\na             Running\nlonger-name   Stopped\n"
+        );
+    }
+
+    #[test]
+    fn snapshots_restores_and_clones_list_with_kubevirts_printer_columns() {
+        let obj = |kind: &str, name: &str, json: serde_json::Value| pb::Object {
+            kind: kind.into(),
+            name: name.into(),
+            json: json.to_string(),
+            ..Default::default()
+        };
+        // "5m" however long the test takes.
+        let five_minutes_ago = (Utc::now() - chrono::Duration::seconds(300))
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let text = |items: &[pb::Object]| {
+            let mut out = Vec::new();
+            object_table(&mut out, items, false).expect("write");
+            String::from_utf8(out).expect("utf-8")
+        };
+        let snapshots = text(&[
+            obj(
+                "VirtualMachineSnapshot",
+                "snap1",
+                json!({"spec": {"source": {"kind": "VirtualMachine", "name": "demo"}},
+                    "status": {"phase": "Succeeded", "readyToUse": true, "creationTime": five_minutes_ago}}),
+            ),
+            obj(
+                "VirtualMachineSnapshot",
+                "snap2",
+                json!({"spec": {"source": {"kind": "VirtualMachine", "name": "gone"}},
+                    "status": {"phase": "Failed", "readyToUse": false,
+                        "error": {"message": "VirtualMachine default/gone does not exist"}}}),
+            ),
+        ]);
+        // Each line's cells, one space apart.
+        let squeezed = |text: &str| -> Vec<String> {
+            text.lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect()
+        };
+        assert_eq!(
+            squeezed(&snapshots)[..2],
+            [
+                "NAME SOURCEKIND SOURCENAME PHASE READYTOUSE CREATIONTIME ERROR",
+                "snap1 VirtualMachine demo Succeeded true 5m",
+            ]
+        );
+        let lines: Vec<&str> = snapshots.lines().collect();
+        assert!(
+            lines[2].ends_with(
+                "false                       VirtualMachine default/gone does not exist"
+            ),
+            "{snapshots}"
+        );
+        assert!(
+            lines.iter().all(|l| l.trim_end() == *l),
+            "no trailing blanks: {snapshots:?}"
+        );
+        let restores = text(&[obj(
+            "VirtualMachineRestore",
+            "r1",
+            json!({"spec": {"target": {"kind": "VirtualMachine", "name": "demo2"}},
+                "status": {"complete": true, "restoreTime": five_minutes_ago}}),
+        )]);
+        assert_eq!(
+            squeezed(&restores),
+            [
+                "NAME TARGETKIND TARGETNAME COMPLETE RESTORETIME ERROR",
+                "r1 VirtualMachine demo2 true 5m",
+            ]
+        );
+        let clones = text(&[obj(
+            "VirtualMachineClone",
+            "c1",
+            json!({"spec": {"source": {"kind": "VirtualMachine", "name": "demo"},
+                "target": {"kind": "VirtualMachine", "name": "demo3"}},
+                "status": {"phase": "Succeeded"}}),
+        )]);
+        assert_eq!(
+            squeezed(&clones),
+            [
+                "NAME PHASE SOURCEVIRTUALMACHINE TARGETVIRTUALMACHINE",
+                "c1 Succeeded demo demo3",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_saga_failure_is_read_from_whichever_place_its_kind_keeps_the_reason() {
+        // A clone: phase Failed, the reason in its conditions' message.
+        let clone = json!({"phase": "Failed", "conditions": [
+            {"type": "Progressing", "status": "False", "reason": "Failed", "message": "VirtualMachine demo2 already exists in namespace default"},
+            {"type": "Ready", "status": "False", "reason": "Failed", "message": "VirtualMachine demo2 already exists in namespace default"}]});
+        assert_eq!(
+            saga_failure(&clone).as_deref(),
+            Some("VirtualMachine demo2 already exists in namespace default")
+        );
+        // A snapshot: a Failure condition with a reason code, the sentence in `error`.
+        let snapshot = json!({"phase": "Failed", "error": {"message": "VirtualMachine default/x does not exist"},
+            "conditions": [{"type": "Failure", "status": "True", "reason": "SourceDoesNotExist"}]});
+        assert_eq!(
+            saga_failure(&snapshot).as_deref(),
+            Some("VirtualMachine default/x does not exist")
+        );
+        // A restore: a Failure condition only.
+        let restore = json!({"conditions": [{"type": "Failure", "status": "True", "reason": "RestoreFailed"}]});
+        assert_eq!(saga_failure(&restore).as_deref(), Some("RestoreFailed"));
+        // Still running, or done: no failure.
+        let running = json!({"phase": "InProgress", "conditions": [{"type": "Ready", "status": "False", "message": "Still processing"}]});
+        assert_eq!(saga_failure(&running), None);
+        assert_eq!(saga_failure(&json!({"phase": "Succeeded"})), None);
+        assert_eq!(
+            saga_failure(&json!({"phase": "Failed"})).as_deref(),
+            Some("failed")
         );
     }
 

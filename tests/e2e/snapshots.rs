@@ -96,6 +96,20 @@ fn snapshot_restore_and_clone_through_the_shorthands() {
     // snapshot: Succeeded at once, ready to use, with the identity captured.
     let out = cli.ok(&["snapshot", "demo", "snap1"]);
     assert_eq!(out, "virtualmachinesnapshot/snap1 created (Succeeded)\n");
+    // The table shows KubeVirt's printer columns: where the snapshot stands, at a glance.
+    let table = cli.ok(&["get", "snapshots"]);
+    let rows: Vec<String> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        rows[0], "NAME SOURCEKIND SOURCENAME PHASE READYTOUSE CREATIONTIME ERROR",
+        "{table}"
+    );
+    assert!(
+        rows[1].starts_with("snap1 VirtualMachine demo Succeeded true "),
+        "{table}"
+    );
     let yaml: Value =
         serde_yaml::from_str(&cli.ok(&["get", "snapshot", "snap1", "-o", "yaml"])).expect("yaml");
     let status = &yaml["status"];
