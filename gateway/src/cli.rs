@@ -55,8 +55,8 @@ pub struct GlobalArgs {
     #[arg(short = 'n', long, global = true, default_value = "default")]
     pub namespace: String,
 
-    /// Output format (`name`: `KIND/NAME` per object, for get, apply, import, delete,
-    /// snapshot, restore and clone).
+    /// Output format (`wide`: `get`'s table with more columns; `name`: `KIND/NAME` per object,
+    /// for get, apply, import, delete, snapshot, restore and clone).
     #[arg(short = 'o', long, global = true, value_enum)]
     pub output: Option<Output>,
 
@@ -152,6 +152,9 @@ fn rfc3339(value: &str) -> Result<String, String> {
 pub enum Output {
     /// Aligned columns for people.
     Table,
+    /// The table with more columns (`get` of VMs and VMIs: readiness, run strategy,
+    /// instancetype and preference, firmware UUID origin, resourceVersion); elsewhere the table.
+    Wide,
     /// KubeVirt-shaped YAML.
     Yaml,
     /// KubeVirt-shaped JSON (one object per line for `watch`).

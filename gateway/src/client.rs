@@ -252,7 +252,7 @@ pub async fn apply(
                     Some(Output::Json) | Some(Output::Yaml) | Some(Output::Name) => {
                         print::object(&mut out, g.output, &obj)?;
                     }
-                    None | Some(Output::Table) => writeln!(
+                    None | Some(Output::Table | Output::Wide) => writeln!(
                         out,
                         "{}/{} {}{suffix}",
                         print::short_kind(&obj.kind),
@@ -312,14 +312,16 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
                 .into_inner();
             let obj = resp.object.unwrap_or_default();
             match g.output {
-                None | Some(Output::Table) => print::object_table(&mut out, &[obj], false)?,
+                None | Some(Output::Table | Output::Wide) => {
+                    print::object_table(&mut out, &[obj], false, g.output == Some(Output::Wide))?
+                }
                 other => print::object(&mut out, other, &obj)?,
             }
         }
         None => {
             let resp = list_all(c, g, a).await?;
             match g.output {
-                None | Some(Output::Table) | Some(Output::Name) => {
+                None | Some(Output::Table | Output::Wide | Output::Name) => {
                     if resp.items.is_empty() {
                         let cluster_scoped = vmplane_core::types::Kind::from_cli_name(&a.kind)
                             .is_some_and(|k| k.cluster_wide());
@@ -333,7 +335,12 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
                     } else if g.output == Some(Output::Name) {
                         print::list(&mut out, g.output, &resp.items, resp.read_position)?;
                     } else {
-                        print::object_table(&mut out, &resp.items, a.all_namespaces)?;
+                        print::object_table(
+                            &mut out,
+                            &resp.items,
+                            a.all_namespaces,
+                            g.output == Some(Output::Wide),
+                        )?;
                     }
                 }
                 other => print::list(&mut out, other, &resp.items, resp.read_position)?,
@@ -510,7 +517,7 @@ pub async fn history(c: &mut Clients, g: &GlobalArgs, a: &HistoryArgs) -> anyhow
 
 /// Whether results print as a table (where an empty one is a line on stderr, as kubectl's).
 fn is_table(output: Option<Output>) -> bool {
-    matches!(output, None | Some(Output::Table))
+    matches!(output, None | Some(Output::Table | Output::Wide))
 }
 
 /// `diff`: returns whether the revisions differ.
@@ -660,7 +667,7 @@ async fn apply_saga(
         Some(Output::Json) | Some(Output::Yaml) | Some(Output::Name) => {
             print::object(&mut std::io::stdout().lock(), g.output, &obj)?;
         }
-        None | Some(Output::Table) => println!(
+        None | Some(Output::Table | Output::Wide) => println!(
             "{}/{} {} ({state})",
             print::short_kind(&obj.kind),
             obj.name,

@@ -68,7 +68,7 @@ fn value_to(
         }
         // Names are written by `object` and `list`; a command that prints no object is not
         // given `-o name` (refused when the command line is parsed).
-        Output::Yaml | Output::Table | Output::Name => {
+        Output::Yaml | Output::Table | Output::Wide | Output::Name => {
             out.write_all(serde_yaml::to_string(value)?.as_bytes())?;
         }
     }
@@ -233,11 +233,14 @@ pub fn saga_failure(status: &serde_json::Value) -> Option<String> {
     )
 }
 
-/// A table of objects, with columns that fit their kind.
+/// A table of objects, with columns that fit their kind; `wide` (`-o wide`) adds a VM's
+/// readiness, run strategy, instancetype, preference and firmware UUID origin, a VMI's origin,
+/// and every object's resourceVersion.
 pub fn object_table(
     out: &mut impl Write,
     items: &[pb::Object],
     with_ns: bool,
+    wide: bool,
 ) -> anyhow::Result<()> {
     let now = Utc::now();
     let kind = items.first().map(|o| o.kind.as_str()).unwrap_or("");
@@ -276,6 +279,20 @@ pub fn object_table(
             "TARGETVIRTUALMACHINE",
         ]),
         _ => header.extend(["NAME", "AGE", "GENERATION"]),
+    }
+    if wide {
+        match kind {
+            "VirtualMachine" => header.extend([
+                "READY",
+                "RUN-STRATEGY",
+                "INSTANCETYPE",
+                "PREFERENCE",
+                "UUID-ORIGIN",
+            ]),
+            "VirtualMachineInstance" => header.push("UUID-ORIGIN"),
+            _ => {}
+        }
+        header.push("RESOURCE-VERSION");
     }
     for obj in items {
         let v = parse(obj)?;
@@ -348,6 +365,22 @@ pub fn object_table(
                 row.push(obj.generation.to_string());
             }
         }
+        if wide {
+            match kind {
+                "VirtualMachine" => row.extend([
+                    text_at(&v, &["status", "ready"]),
+                    text_at(&v, &["status", "runStrategy"]),
+                    text_at(&v, &["spec", "instancetype", "name"]),
+                    text_at(&v, &["spec", "preference", "name"]),
+                    text_at(&v, &["status", "firmwareUUIDOrigin"]),
+                ]),
+                "VirtualMachineInstance" => {
+                    row.push(text_at(&v, &["status", "firmwareUUIDOrigin"]));
+                }
+                _ => {}
+            }
+            row.push(obj.resource_version.to_string());
+        }
         rows.push(row);
     }
     table(out, &header, &rows)?;
@@ -361,7 +394,7 @@ pub fn history(
     revisions: &[pb::Revision],
 ) -> anyhow::Result<()> {
     match format {
-        None | Some(Output::Table) => {
+        None | Some(Output::Table | Output::Wide) => {
             let rows: Vec<Vec<String>> = revisions
                 .iter()
                 .map(|r| {
@@ -404,7 +437,7 @@ pub fn audit(
     entries: &[pb::AuditEntry],
 ) -> anyhow::Result<()> {
     match format {
-        None | Some(Output::Table) => {
+        None | Some(Output::Table | Output::Wide) => {
             let rows: Vec<Vec<String>> = entries
                 .iter()
                 .map(|e| {
@@ -476,7 +509,7 @@ pub fn watch_event(
             out.write_all(serde_yaml::to_string(&v)?.as_bytes())?;
         }
         // `-o name` is refused for `watch` when the command line is parsed.
-        None | Some(Output::Table) | Some(Output::Name) => table.row(out, e)?,
+        None | Some(Output::Table | Output::Wide | Output::Name) => table.row(out, e)?,
     }
     Ok(())
 }
@@ -537,7 +570,7 @@ pub fn features(
     features: &[pb::Feature],
 ) -> anyhow::Result<()> {
     match format {
-        None | Some(Output::Table) => {
+        None | Some(Output::Table | Output::Wide) => {
             let rows: Vec<Vec<String>> = features
                 .iter()
                 .map(|f| {
@@ -580,7 +613,7 @@ pub fn feature_usage(
     resp: &pb::FeatureUsageResponse,
 ) -> anyhow::Result<()> {
     match format {
-        None | Some(Output::Table) => {
+        None | Some(Output::Table | Output::Wide) => {
             if resp.users.is_empty() {
                 writeln!(out, "No VM requests {feature}.")?;
                 return Ok(());
@@ -770,7 +803,7 @@ mod tests {
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let text = |items: &[pb::Object]| {
             let mut out = Vec::new();
-            object_table(&mut out, items, false).expect("write");
+            object_table(&mut out, items, false, false).expect("write");
             String::from_utf8(out).expect("utf-8")
         };
         let snapshots = text(&[
@@ -837,6 +870,48 @@ mod tests {
             [
                 "NAME PHASE SOURCEVIRTUALMACHINE TARGETVIRTUALMACHINE",
                 "c1 Succeeded demo demo3",
+            ]
+        );
+    }
+
+    #[test]
+    fn wide_adds_columns_after_the_tables_own() {
+        let vm = pb::Object {
+            kind: "VirtualMachine".into(),
+            name: "web".into(),
+            generation: 2,
+            resource_version: 41,
+            json: json!({"spec": {"instancetype": {"name": "u1.medium"},
+                    "preference": {"name": "fedora"},
+                    "template": {"spec": {"domain": {"firmware": {"uuid": "u-1"}}}}},
+                "status": {"printableStatus": "Stopped", "ready": false,
+                    "runStrategy": "Halted", "firmwareUUIDOrigin": "Generated"}})
+            .to_string(),
+            ..Default::default()
+        };
+        let text = |wide: bool| {
+            let mut out = Vec::new();
+            object_table(&mut out, std::slice::from_ref(&vm), false, wide).expect("write");
+            String::from_utf8(out).expect("utf-8")
+        };
+        let squeezed = |text: String| -> Vec<String> {
+            text.lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect()
+        };
+        assert_eq!(
+            squeezed(text(false)),
+            [
+                "NAME STATUS AGE GENERATION FIRMWARE-UUID",
+                "web Stopped <unknown> 2 u-1"
+            ]
+        );
+        assert_eq!(
+            squeezed(text(true)),
+            [
+                "NAME STATUS AGE GENERATION FIRMWARE-UUID READY RUN-STRATEGY INSTANCETYPE \
+                 PREFERENCE UUID-ORIGIN RESOURCE-VERSION",
+                "web Stopped <unknown> 2 u-1 false Halted u1.medium fedora Generated 41",
             ]
         );
     }

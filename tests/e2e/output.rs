@@ -546,6 +546,44 @@ fn output_name_prints_kind_slash_name_for_scripts() {
 }
 
 #[test]
+fn output_wide_adds_columns_to_get_and_is_the_table_elsewhere() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-wide";
+    demo(&vmplane, ns);
+    let table = vmplane.ok(&["get", "vms", "-n", ns, "-o", "wide"]);
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        [
+            "NAME",
+            "STATUS",
+            "AGE",
+            "GENERATION",
+            "FIRMWARE-UUID",
+            "READY",
+            "RUN-STRATEGY",
+            "INSTANCETYPE",
+            "PREFERENCE",
+            "UUID-ORIGIN",
+            "RESOURCE-VERSION"
+        ],
+        "{table}"
+    );
+    let vm = json(&vmplane.ok(&["get", "vm", "demo", "-n", ns, "-o", "json"]));
+    let resource_version = vm["metadata"]["resourceVersion"].as_str().expect("rv");
+    assert_eq!(rows[1][0], "demo", "{table}");
+    assert_eq!(rows[1].last(), Some(&resource_version), "{table}");
+    // Elsewhere `-o wide` is the table.
+    assert_eq!(
+        vmplane.ok(&["history", "vm", "demo", "-n", ns, "-o", "wide"]),
+        vmplane.ok(&["history", "vm", "demo", "-n", ns])
+    );
+}
+
+#[test]
 fn an_empty_audit_says_so_on_stderr_and_is_an_empty_list_in_json_and_yaml() {
     let vmplane = Cli::new(shared_server());
     let ns = "output-empty-audit";
