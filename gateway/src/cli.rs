@@ -760,7 +760,9 @@ mod tests {
         );
         let line = line_for(&["vmplane", "get", "vms", "-o", "xml"]);
         assert!(
-            !line.contains('\n') && line.contains("'xml'") && line.contains("table, yaml, json"),
+            !line.contains('\n')
+                && line.contains("'xml'")
+                && line.contains("table, wide, yaml, json, name"),
             "{line}"
         );
         let line = line_for(&["vmplane", "frob"]);
