@@ -91,8 +91,8 @@ impl Cli {
     }
 
     /// Parses `args` as clap does, then records whether `-n` was given and refuses what clap
-    /// cannot express: a name with `get -A`, and `-o name` for a command that prints no
-    /// objects.
+    /// cannot express: a name with `get -A`, `delete -R` without `-f`, and `-o name` for a
+    /// command that prints no objects.
     pub fn parse_from_args<I, T>(args: I) -> Result<Cli, clap::Error>
     where
         I: IntoIterator<Item = T>,
@@ -119,6 +119,20 @@ impl Cli {
                      or json (-o name is for get, apply, import, delete, snapshot, restore and \
                      clone)"
                 ),
+            ));
+        }
+        if let Command::Delete(delete) = &cli.command
+            && delete.recursive
+            && delete.file.is_none()
+        {
+            // (clap's `requires` is not enforced for a flag that defaults to false.)
+            cmd.build();
+            let delete = cmd
+                .find_subcommand_mut("delete")
+                .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
+            return Err(delete.error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "-R reads a directory's subdirectories: give the directory with -f DIR",
             ));
         }
         if let Command::Get(get) = &cli.command
@@ -238,9 +252,11 @@ Examples:
     )]
     Get(GetArgs),
 
-    /// Delete an object.
+    /// Delete an object, or the objects a file names.
     #[command(
-        after_help = "Examples:\n  vmplane delete vm demo\n  vmplane delete instancetype small -n team-a"
+        after_help = "Examples:\n  vmplane delete vm demo\n  vmplane delete instancetype small -n team-a\n  \
+                      vmplane delete -f examples/vm.yaml          # what apply -f created\n  \
+                      vmplane delete -f manifests/ -R --ignore-not-found"
     )]
     Delete(DeleteArgs),
 
@@ -540,11 +556,24 @@ pub struct GetArgs {
 #[derive(Debug, Clone, Args)]
 pub struct DeleteArgs {
     /// Kind of object.
-    pub kind: String,
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    pub kind: Option<String>,
     /// Name of the object.
-    pub name: String,
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    pub name: Option<String>,
+    /// Delete the objects a file names (YAML or JSON, several documents allowed), a directory
+    /// (its .yaml, .yml and .json files, in name order), or `-` for standard input: each by
+    /// its kind, name and namespace, as `apply -f` wrote them.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
+    pub file: Option<String>,
+    /// With a directory: read its subdirectories too.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
+    /// An object that does not exist is not an error (nothing to delete).
+    #[arg(long)]
+    pub ignore_not_found: bool,
     /// Delete only if the object's generation is this one.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", conflicts_with = "file")]
     pub expected_generation: Option<u64>,
 }
 
@@ -861,6 +890,45 @@ mod tests {
                 .copied()
                 .collect();
             parsed(&args);
+        }
+    }
+
+    #[test]
+    fn delete_takes_a_kind_and_name_or_a_file_never_both() {
+        parsed(&["vmplane", "delete", "vm", "demo"]);
+        parsed(&["vmplane", "delete", "-f", "x.yaml"]);
+        parsed(&["vmplane", "delete", "-f", "dir", "-R", "--ignore-not-found"]);
+        for (args, says) in [
+            (
+                &["vmplane", "delete", "vm"][..],
+                "required arguments were not provided",
+            ),
+            (
+                &["vmplane", "delete"],
+                "required arguments were not provided",
+            ),
+            (
+                &["vmplane", "delete", "vm", "demo", "-f", "x.yaml"],
+                "cannot be used with '--filename",
+            ),
+            (
+                &["vmplane", "delete", "vm", "demo", "-R"],
+                "-R reads a directory's subdirectories: give the directory with -f DIR",
+            ),
+            (
+                &[
+                    "vmplane",
+                    "delete",
+                    "-f",
+                    "x.yaml",
+                    "--expected-generation",
+                    "2",
+                ],
+                "cannot be used with",
+            ),
+        ] {
+            let line = line_for(args);
+            assert!(line.contains(says), "{args:?}: {line}");
         }
     }
 

@@ -209,6 +209,32 @@ fn namespace_mismatch(g: &GlobalArgs, unit: &Unit) -> Option<NamespaceMismatch> 
     })
 }
 
+/// The objects `-f FILE|DIR|-` holds: those that may be sent, in order, and the refusals of
+/// the others (another namespace than an explicit `-n`).
+struct Objects {
+    units: Vec<Unit>,
+    /// How many the input held.
+    total: usize,
+    failures: Vec<anyhow::Error>,
+}
+
+fn objects_of(g: &GlobalArgs, file: &str, recursive: bool) -> anyhow::Result<Objects> {
+    let read = input::read(file, recursive)?;
+    let total = read.len();
+    let (mut units, mut failures) = (Vec::with_capacity(total), Vec::new());
+    for unit in read {
+        match namespace_mismatch(g, &unit) {
+            Some(refused) => failures.push(anyhow::Error::from(refused)),
+            None => units.push(unit),
+        }
+    }
+    Ok(Objects {
+        units,
+        total,
+        failures,
+    })
+}
+
 /// `apply` and `import`.
 pub async fn apply(
     c: &mut Clients,
@@ -216,15 +242,13 @@ pub async fn apply(
     a: &ApplyArgs,
     import: bool,
 ) -> anyhow::Result<()> {
-    let units = input::read(&a.file, a.recursive)?;
+    let Objects {
+        units,
+        total,
+        mut failures,
+    } = objects_of(g, &a.file, a.recursive)?;
     let mut out = std::io::stdout().lock();
-    let total = units.len();
-    let mut failures = Vec::new();
     for unit in units {
-        if let Some(refused) = namespace_mismatch(g, &unit) {
-            failures.push(anyhow::Error::from(refused));
-            continue;
-        }
         let doc = unit.json();
         // Over the manifest limit: refused here, named, as the server would refuse it (past
         // the request limit the server could only say the message was too long).
@@ -264,7 +288,12 @@ pub async fn apply(
             Err(status) => failures.push(status_error(located(status, &unit, &g.namespace))),
         }
     }
-    // One failure is the command's one error line; several get a line each and a count.
+    outcome(failures, total, "applied")
+}
+
+/// The end of a command over the objects of `-f`: one failure is the command's one error
+/// line; several get a line each, then a count of the `total` not `done`.
+fn outcome(mut failures: Vec<anyhow::Error>, total: usize, done: &str) -> anyhow::Result<()> {
     match failures.len() {
         0 => Ok(()),
         1 => Err(failures.remove(0)),
@@ -272,7 +301,7 @@ pub async fn apply(
             for failure in &failures {
                 eprintln!("vmplane: error: {failure:#}");
             }
-            bail!("{n} of {total} objects not applied")
+            bail!("{n} of {total} objects not {done}")
         }
     }
 }
@@ -387,29 +416,99 @@ async fn list_all(
     }
 }
 
-/// `delete`.
+/// `delete`: one object by kind and name, or every object `-f` names (by its kind, name and
+/// namespace, as `apply -f` wrote it).
 pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::Result<()> {
-    c.objects
+    let mut out = std::io::stdout().lock();
+    let Some(file) = &a.file else {
+        // clap requires both without -f.
+        let (Some(kind), Some(name)) = (&a.kind, &a.name) else {
+            bail!("delete: name the object (KIND NAME) or a file (-f FILE)");
+        };
+        let target = Target {
+            kind,
+            namespace: &g.namespace,
+            name,
+        };
+        return delete_one(c, g, a, &target, &mut out)
+            .await
+            .map_err(status_error);
+    };
+    let Objects {
+        units,
+        total,
+        mut failures,
+    } = objects_of(g, file, a.recursive)?;
+    for unit in units {
+        let text = |pointer: &str| {
+            unit.value
+                .pointer(pointer)
+                .and_then(serde_json::Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
+        let (Some(kind), Some(name)) = (text("/kind"), text("/metadata/name")) else {
+            failures.push(anyhow::anyhow!(
+                "{}: kind and metadata.name are needed to delete an object",
+                unit.place
+            ));
+            continue;
+        };
+        let target = Target {
+            kind,
+            namespace: text("/metadata/namespace").unwrap_or(&g.namespace),
+            name,
+        };
+        if let Err(status) = delete_one(c, g, a, &target, &mut out).await {
+            failures.push(status_error(located(status, &unit, &g.namespace)));
+        }
+    }
+    outcome(failures, total, "deleted")
+}
+
+/// The object a `delete` is about.
+struct Target<'a> {
+    /// As written: `vm`, `VirtualMachine`, … (the server reads kubectl's forms).
+    kind: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+/// Deletes one object and says so (nothing with `--ignore-not-found` when it is not there).
+async fn delete_one(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &DeleteArgs,
+    target: &Target<'_>,
+    out: &mut impl Write,
+) -> Result<(), tonic::Status> {
+    let deleted = c
+        .objects
         .delete(pb::DeleteRequest {
             r#ref: Some(pb::ObjectRef {
-                kind: a.kind.clone(),
-                namespace: g.namespace.clone(),
-                name: a.name.clone(),
+                kind: target.kind.to_owned(),
+                namespace: target.namespace.to_owned(),
+                name: target.name.to_owned(),
             }),
             expected_generation: a.expected_generation,
             request_id: uuid::Uuid::now_v7().to_string(),
         })
-        .await
-        .map_err(status_error)?;
-    let kind = vmplane_core::types::Kind::from_cli_name(&a.kind)
-        .map(|k| print::short_kind(k.as_str()))
-        .unwrap_or_else(|| print::short_kind_of_arg(&a.kind));
-    if g.output == Some(Output::Name) {
-        println!("{kind}/{}", a.name);
-    } else {
-        println!("{kind}/{} deleted", a.name);
+        .await;
+    match deleted {
+        Ok(_) => {}
+        Err(status) if status.code() == tonic::Code::NotFound && a.ignore_not_found => {
+            return Ok(());
+        }
+        Err(status) => return Err(status),
     }
-    Ok(())
+    let kind = vmplane_core::types::Kind::from_cli_name(target.kind)
+        .map(|k| print::short_kind(k.as_str()))
+        .unwrap_or_else(|| print::short_kind_of_arg(target.kind));
+    let written = if g.output == Some(Output::Name) {
+        writeln!(out, "{kind}/{}", target.name)
+    } else {
+        writeln!(out, "{kind}/{} deleted", target.name)
+    };
+    written.map_err(|e| tonic::Status::internal(format!("writing the answer: {e}")))
 }
 
 /// The lifecycle verbs.

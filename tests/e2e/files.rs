@@ -1,6 +1,6 @@
-//! What `apply -f` (and `import -f`, `expand -f`) reads, as kubectl reads it: a `List` (what
-//! `get -o yaml` prints) item by item, a directory file by file, and an object in another
-//! namespace than an explicit `-n` refused.
+//! What `apply -f` (and `import -f`, `expand -f`, `delete -f`) reads, as kubectl reads it: a
+//! `List` (what `get -o yaml` prints) item by item, a directory file by file, and an object in
+//! another namespace than an explicit `-n` refused.
 
 use serde_json::Value;
 use vmplane_tests::{Cli, one_error_line, repo_root};
@@ -191,5 +191,72 @@ spec:
             "virtualmachineclusterinstancetype/files-ns-small created\n"
         ),
         "{err}"
+    );
+}
+
+#[test]
+fn delete_f_deletes_what_apply_f_wrote_and_says_which_object_was_not_there() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "files-delete";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("vms.yaml");
+    std::fs::write(&file, format!("{}---\n{}", vm("a"), vm("b"))).expect("write");
+    vmplane.ok(&["apply", "-f", path(&file), "-n", ns]);
+    assert_eq!(
+        vmplane.ok(&["delete", "-f", path(&file), "-n", ns]),
+        "virtualmachine/a deleted\nvirtualmachine/b deleted\n"
+    );
+    let (code, out, err) = vmplane.run(&["get", "vms", "-n", ns]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+
+    // Again: each object is not found, named with its place in the file, and counted.
+    let (code, out, err) = vmplane.run(&["delete", "-f", path(&file), "-n", ns]);
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(out, "");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines[0].contains(&format!("VirtualMachine {ns}/a: document 1: "))
+            && lines[0].contains("not found"),
+        "{err}"
+    );
+    assert!(
+        lines[1].contains(&format!("VirtualMachine {ns}/b: document 2: ")),
+        "{err}"
+    );
+    assert_eq!(
+        lines[2], "vmplane: error: 2 of 2 objects not deleted",
+        "{err}"
+    );
+    // Unless a missing object is fine.
+    let (code, out, err) =
+        vmplane.run(&["delete", "-f", path(&file), "-n", ns, "--ignore-not-found"]);
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""));
+
+    // The single form takes --ignore-not-found and -o name too.
+    vmplane.ok(&["apply", "-f", path(&file), "-n", ns]);
+    assert_eq!(
+        vmplane.ok(&["delete", "vm", "a", "-n", ns, "-o", "name"]),
+        "virtualmachine/a\n"
+    );
+    assert_eq!(
+        vmplane.ok(&["delete", "vm", "a", "-n", ns, "--ignore-not-found"]),
+        ""
+    );
+    // With -n, an object of the file in another namespace is refused, as apply refuses it.
+    let elsewhere = dir.path().join("elsewhere.yaml");
+    std::fs::write(
+        &elsewhere,
+        vm("b").replace(
+            "  name: b\n",
+            "  name: b\n  namespace: files-delete-other\n",
+        ),
+    )
+    .expect("write");
+    let line = one_error_line(&vmplane.fails(&["delete", "-f", path(&elsewhere), "-n", ns]));
+    assert!(line.contains("does not match the namespace"), "{line}");
+    assert!(
+        vmplane.run(&["get", "vm", "b", "-n", ns]).0 == 0,
+        "b is still there"
     );
 }
