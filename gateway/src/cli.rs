@@ -276,6 +276,13 @@ Examples:
     )]
     Expand(ExpandArgs),
 
+    /// Show an object for people: who and what it is, its spec and status, and its latest
+    /// events from the log (for scripts: `get -o json`, `history -o json`).
+    #[command(after_help = "Examples:\n  vmplane describe vm demo\n  \
+                      vmplane describe snapshot snap1 -n team-a\n  \
+                      vmplane describe vm demo --events 100   # more of its history")]
+    Describe(DescribeArgs),
+
     /// List a VM's revisions: time, actor, events, summary.
     #[command(
         after_help = "Examples:\n  vmplane history vm demo\n  vmplane history vm demo -o json"
@@ -636,6 +643,17 @@ pub struct HistoryArgs {
     pub kind: String,
     /// Name of the VM.
     pub name: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DescribeArgs {
+    /// Kind of object (vm, vmi, snapshot, ...).
+    pub kind: String,
+    /// Name of the object.
+    pub name: String,
+    /// How many of its latest events to show (0: all of them).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub events: usize,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -9,8 +9,8 @@ use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
 use crate::cli::{
-    ApplyArgs, AuditArgs, DeleteArgs, DiffArgs, ExpandArgs, GetArgs, GlobalArgs, HistoryArgs,
-    LifecycleArgs, Output, WatchArgs,
+    ApplyArgs, AuditArgs, DeleteArgs, DescribeArgs, DiffArgs, ExpandArgs, GetArgs, GlobalArgs,
+    HistoryArgs, LifecycleArgs, Output, WatchArgs,
 };
 use crate::input::{self, Unit};
 use crate::pb;
@@ -612,6 +612,47 @@ pub async fn history(c: &mut Clients, g: &GlobalArgs, a: &HistoryArgs) -> anyhow
         .into_inner();
     let mut out = std::io::stdout().lock();
     print::history(&mut out, g.output, &resp.revisions)
+}
+
+/// `describe`: the object for people, with its latest events from the log.
+pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyhow::Result<()> {
+    if !is_table(g.output) {
+        bail!(
+            "describe prints for people and takes no -o; for scripts use `vmplane get {kind} \
+             {name} -o json` and `vmplane history {kind} {name} -o json`",
+            kind = a.kind,
+            name = a.name
+        );
+    }
+    let object = pb::ObjectRef {
+        kind: a.kind.clone(),
+        namespace: g.namespace.clone(),
+        name: a.name.clone(),
+    };
+    let obj = c
+        .objects
+        .get(pb::GetRequest {
+            r#ref: Some(object.clone()),
+            at: None,
+            // The history below is read at least as far as the object.
+            min_position: 0,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .object
+        .unwrap_or_default();
+    let history = c
+        .history
+        .history(pb::HistoryRequest {
+            r#ref: Some(object),
+            min_position: obj.resource_version,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    print::describe(&mut out, &obj, &history.revisions, a.events)
 }
 
 /// Whether results print as a table (where an empty one is a line on stderr, as kubectl's).

@@ -93,6 +93,7 @@ fn run_client(
             Command::Stop(a) => client::lifecycle(&mut c, global, a, Verb::Stop).await?,
             Command::Restart(a) => client::lifecycle(&mut c, global, a, Verb::Restart).await?,
             Command::Expand(a) => client::expand(&mut c, global, a).await?,
+            Command::Describe(a) => client::describe(&mut c, global, a).await?,
             Command::History(a) => client::history(&mut c, global, a).await?,
             Command::Diff(a) => {
                 if client::diff(&mut c, global, a).await? {

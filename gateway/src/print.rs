@@ -387,6 +387,115 @@ pub fn object_table(
     Ok(())
 }
 
+/// `describe`: an object for people, as kubectl describes one. Who and what it is, its labels
+/// and annotations, its spec and status (indented YAML), then its latest `events` revisions
+/// from the log (all with 0), oldest first, each with its age.
+pub fn describe(
+    out: &mut impl Write,
+    obj: &pb::Object,
+    revisions: &[pb::Revision],
+    events: usize,
+) -> anyhow::Result<()> {
+    let v = parse(obj)?;
+    let now = Utc::now();
+    let pairs = |key: &str| -> String {
+        let map = v
+            .pointer(&format!("/metadata/{key}"))
+            .and_then(serde_json::Value::as_object)
+            .filter(|m| !m.is_empty());
+        match map {
+            None => "<none>".to_owned(),
+            Some(map) => map
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join("\n                   "),
+        }
+    };
+    let created = str_at(&v, &["metadata", "creationTimestamp"]);
+    let mut fields = vec![
+        ("Name:", obj.name.clone()),
+        (
+            "Namespace:",
+            if obj.namespace.is_empty() {
+                "<cluster>".to_owned()
+            } else {
+                obj.namespace.clone()
+            },
+        ),
+        ("Kind:", obj.kind.clone()),
+        ("UID:", obj.uid.clone()),
+        ("Generation:", obj.generation.to_string()),
+        ("Resource Version:", obj.resource_version.to_string()),
+    ];
+    if let Some(at) = created {
+        fields.push(("Created:", format!("{at} ({} ago)", age(Some(at), now))));
+    }
+    fields.push(("Labels:", pairs("labels")));
+    fields.push(("Annotations:", pairs("annotations")));
+    for (label, value) in fields {
+        writeln!(out, "{label:<19}{value}")?;
+    }
+    for (label, key) in [("Spec:", "spec"), ("Status:", "status")] {
+        let Some(section) = v.get(key).filter(|s| !s.is_null()) else {
+            continue;
+        };
+        writeln!(out, "{label}")?;
+        for line in serde_yaml::to_string(section)?.lines() {
+            writeln!(out, "  {line}")?;
+        }
+    }
+    let shown = if events == 0 {
+        revisions
+    } else {
+        &revisions[revisions.len().saturating_sub(events)..]
+    };
+    if shown.is_empty() {
+        writeln!(out, "Events:            <none>")?;
+        return Ok(());
+    }
+    let earlier = revisions.len() - shown.len();
+    if earlier > 0 {
+        writeln!(
+            out,
+            "Events:            the latest {} of {} (all: vmplane history {} {}{})",
+            shown.len(),
+            revisions.len(),
+            short_kind(&obj.kind),
+            obj.name,
+            if obj.namespace.is_empty() {
+                String::new()
+            } else {
+                format!(" -n {}", obj.namespace)
+            }
+        )?;
+    } else {
+        writeln!(out, "Events:")?;
+    }
+    let rows: Vec<Vec<String>> = shown
+        .iter()
+        .map(|r| {
+            vec![
+                r.revision.to_string(),
+                age(Some(&r.time), now),
+                r.actor.clone(),
+                r.events.join(","),
+                r.summary.clone(),
+            ]
+        })
+        .collect();
+    let mut text = Vec::new();
+    table(
+        &mut text,
+        &["REVISION", "AGE", "ACTOR", "EVENTS", "SUMMARY"],
+        &rows,
+    )?;
+    for line in String::from_utf8_lossy(&text).lines() {
+        writeln!(out, "  {line}")?;
+    }
+    Ok(())
+}
+
 /// `history`: a table, or a list of `{revision, position, time, actor, events, summary}`.
 pub fn history(
     out: &mut impl Write,
@@ -913,6 +1022,75 @@ mod tests {
                  PREFERENCE UUID-ORIGIN RESOURCE-VERSION",
                 "web Stopped <unknown> 2 u-1 false Halted u1.medium fedora Generated 41",
             ]
+        );
+    }
+
+    #[test]
+    fn describe_shows_the_object_then_its_latest_events() {
+        let obj = pb::Object {
+            kind: "VirtualMachine".into(),
+            namespace: "team-a".into(),
+            name: "web".into(),
+            uid: "u-1".into(),
+            generation: 2,
+            resource_version: 7,
+            json: json!({"metadata": {"labels": {"app": "web", "tier": "front"}},
+                "spec": {"runStrategy": "Halted"},
+                "status": {"printableStatus": "Stopped"}})
+            .to_string(),
+        };
+        let revision = |n: u64, event: &str| pb::Revision {
+            revision: n,
+            position: n,
+            time: "2026-11-22T12:00:00Z".into(),
+            actor: "alice".into(),
+            events: vec![event.into()],
+            summary: format!("{event} summary"),
+        };
+        let revisions = [
+            revision(1, "VmCreated"),
+            revision(2, "VmSpecEdited"),
+            revision(3, "VmStartRequested"),
+        ];
+        let text = |events: usize| {
+            let mut out = Vec::new();
+            describe(&mut out, &obj, &revisions, events).expect("write");
+            String::from_utf8(out).expect("utf-8")
+        };
+        let all = text(0);
+        for line in [
+            "Name:              web",
+            "Namespace:         team-a",
+            "Kind:              VirtualMachine",
+            "Generation:        2",
+            "Resource Version:  7",
+            "Labels:            app=web\n                   tier=front",
+            "Annotations:       <none>",
+            "Spec:\n  runStrategy: Halted\n",
+            "Status:\n  printableStatus: Stopped\n",
+            "Events:\n  REVISION   AGE",
+        ] {
+            assert!(all.contains(line), "{line:?} in:\n{all}");
+        }
+        assert_eq!(all.matches("alice").count(), 3, "{all}");
+        let latest = text(2);
+        assert!(
+            latest.contains(
+                "Events:            the latest 2 of 3 (all: vmplane history virtualmachine web \
+                 -n team-a)"
+            ),
+            "{latest}"
+        );
+        assert!(
+            !latest.contains("VmCreated") && latest.contains("VmStartRequested"),
+            "{latest}"
+        );
+        let mut out = Vec::new();
+        describe(&mut out, &obj, &[], 20).expect("write");
+        assert!(
+            String::from_utf8(out)
+                .expect("utf-8")
+                .ends_with("Events:            <none>\n")
         );
     }
 

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 
 use serde_json::Value;
-use vmplane_tests::{Cli, repo_root, run_cli};
+use vmplane_tests::{Cli, one_error_line, repo_root, run_cli};
 
 use crate::shared_server;
 
@@ -581,6 +581,41 @@ fn output_wide_adds_columns_to_get_and_is_the_table_elsewhere() {
         vmplane.ok(&["history", "vm", "demo", "-n", ns, "-o", "wide"]),
         vmplane.ok(&["history", "vm", "demo", "-n", ns])
     );
+}
+
+#[test]
+fn describe_shows_a_vm_with_its_events_from_the_log() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-describe";
+    demo(&vmplane, ns);
+    let text = vmplane.ok(&["describe", "vm", "demo", "-n", ns]);
+    for line in [
+        "Name:              demo\n",
+        &format!("Namespace:         {ns}\n"),
+        "Kind:              VirtualMachine\n",
+        "Generation:        2\n",
+        "Labels:            app=demo\n",
+        "Spec:\n  runStrategy: Manual\n",
+        "Status:\n  printableStatus: Stopped\n",
+        "Events:\n  REVISION   AGE",
+    ] {
+        assert!(text.contains(line), "{line:?} in:\n{text}");
+    }
+    let events: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "Events:")
+        .skip(2)
+        .collect();
+    assert_eq!(events.len(), 2, "{text}");
+    assert!(
+        events[0].contains("VmCreated") && events[1].contains("VmSpecEdited"),
+        "{text}"
+    );
+    // Not there: one error line. For scripts: refused with -o, pointing at get and history.
+    let line = one_error_line(&vmplane.fails(&["describe", "vm", "nosuch", "-n", ns]));
+    assert!(line.contains("not found"), "{line}");
+    let line = one_error_line(&vmplane.fails(&["describe", "vm", "demo", "-n", ns, "-o", "json"]));
+    assert!(line.contains("get vm demo -o json"), "{line}");
 }
 
 #[test]
