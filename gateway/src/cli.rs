@@ -106,48 +106,41 @@ impl Cli {
         let subcommand = matches.subcommand_name().map(str::to_owned);
         let mut cli = Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))?;
         cli.global.namespace_explicit = namespace_explicit;
-        if cli.global.output == Some(Output::Name) && !cli.command.prints_object_names() {
-            cmd.build();
-            let name = subcommand.unwrap_or_default();
-            let sub = cmd
-                .find_subcommand_mut(&name)
-                .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
-            return Err(sub.error(
+        // What clap cannot express: the refusal, as clap words its own, for the subcommand.
+        let refusal = if cli.global.output == Some(Output::Name)
+            && !cli.command.prints_object_names()
+        {
+            let name = subcommand.as_deref().unwrap_or_default();
+            Some((
                 clap::error::ErrorKind::ArgumentConflict,
                 format!(
                     "-o name prints object names, and `{name}` prints none; use -o table, yaml \
                      or json (-o name is for get, apply, import, delete, snapshot, restore and \
                      clone)"
                 ),
-            ));
-        }
-        if let Command::Delete(delete) = &cli.command
-            && delete.recursive
-            && delete.file.is_none()
-        {
-            // (clap's `requires` is not enforced for a flag that defaults to false.)
+            ))
+        } else {
+            match &cli.command {
+                // (clap's `requires` is not enforced for a flag that defaults to false.)
+                Command::Delete(delete) if delete.recursive && delete.file.is_none() => Some((
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "-R reads a directory's subdirectories: give the directory with -f DIR".into(),
+                )),
+                Command::Get(get) if get.name.is_some() && get.all_namespaces => Some((
+                    clap::error::ErrorKind::ArgumentConflict,
+                    "a resource cannot be retrieved by name across all namespaces; drop -A \
+                     (and pass -n NAMESPACE) to get one object, or drop the name to list them"
+                        .into(),
+                )),
+                _ => None,
+            }
+        };
+        if let Some((kind, message)) = refusal {
             cmd.build();
-            let delete = cmd
-                .find_subcommand_mut("delete")
+            let sub = cmd
+                .find_subcommand_mut(subcommand.as_deref().unwrap_or_default())
                 .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
-            return Err(delete.error(
-                clap::error::ErrorKind::MissingRequiredArgument,
-                "-R reads a directory's subdirectories: give the directory with -f DIR",
-            ));
-        }
-        if let Command::Get(get) = &cli.command
-            && get.name.is_some()
-            && get.all_namespaces
-        {
-            cmd.build();
-            let get = cmd
-                .find_subcommand_mut("get")
-                .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidSubcommand))?;
-            return Err(get.error(
-                clap::error::ErrorKind::ArgumentConflict,
-                "a resource cannot be retrieved by name across all namespaces; drop -A \
-                 (and pass -n NAMESPACE) to get one object, or drop the name to list them",
-            ));
+            return Err(sub.error(kind, message));
         }
         Ok(cli)
     }
