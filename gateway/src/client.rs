@@ -430,9 +430,10 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
             namespace: &g.namespace,
             name,
         };
-        return delete_one(c, g, a, &target, &mut out)
-            .await
-            .map_err(status_error);
+        if delete_one(c, a, &target).await.map_err(status_error)? {
+            said_deleted(&mut out, g, &target)?;
+        }
+        return Ok(());
     };
     let Objects {
         units,
@@ -458,8 +459,10 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
             namespace: text("/metadata/namespace").unwrap_or(&g.namespace),
             name,
         };
-        if let Err(status) = delete_one(c, g, a, &target, &mut out).await {
-            failures.push(status_error(located(status, &unit, &g.namespace)));
+        match delete_one(c, a, &target).await {
+            Ok(true) => said_deleted(&mut out, g, &target)?,
+            Ok(false) => {}
+            Err(status) => failures.push(status_error(located(status, &unit, &g.namespace))),
         }
     }
     outcome(failures, total, "deleted")
@@ -473,14 +476,12 @@ struct Target<'a> {
     name: &'a str,
 }
 
-/// Deletes one object and says so (nothing with `--ignore-not-found` when it is not there).
+/// Deletes one object: whether it was there (`false` only with `--ignore-not-found`).
 async fn delete_one(
     c: &mut Clients,
-    g: &GlobalArgs,
     a: &DeleteArgs,
     target: &Target<'_>,
-    out: &mut impl Write,
-) -> Result<(), tonic::Status> {
+) -> Result<bool, tonic::Status> {
     let deleted = c
         .objects
         .delete(pb::DeleteRequest {
@@ -494,21 +495,22 @@ async fn delete_one(
         })
         .await;
     match deleted {
-        Ok(_) => {}
-        Err(status) if status.code() == tonic::Code::NotFound && a.ignore_not_found => {
-            return Ok(());
-        }
-        Err(status) => return Err(status),
+        Ok(_) => Ok(true),
+        Err(status) if status.code() == tonic::Code::NotFound && a.ignore_not_found => Ok(false),
+        Err(status) => Err(status),
     }
+}
+
+/// `KIND/NAME deleted` (`KIND/NAME` with `-o name`).
+fn said_deleted(out: &mut impl Write, g: &GlobalArgs, target: &Target<'_>) -> std::io::Result<()> {
     let kind = vmplane_core::types::Kind::from_cli_name(target.kind)
         .map(|k| print::short_kind(k.as_str()))
         .unwrap_or_else(|| print::short_kind_of_arg(target.kind));
-    let written = if g.output == Some(Output::Name) {
+    if g.output == Some(Output::Name) {
         writeln!(out, "{kind}/{}", target.name)
     } else {
         writeln!(out, "{kind}/{} deleted", target.name)
-    };
-    written.map_err(|e| tonic::Status::internal(format!("writing the answer: {e}")))
+    }
 }
 
 /// The lifecycle verbs.
@@ -634,7 +636,6 @@ pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyh
         .get(pb::GetRequest {
             r#ref: Some(object.clone()),
             at: None,
-            // The history below is read at least as far as the object.
             min_position: 0,
         })
         .await
@@ -646,6 +647,7 @@ pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyh
         .history
         .history(pb::HistoryRequest {
             r#ref: Some(object),
+            // Read at least as far as the object just shown, so its last event is listed.
             min_position: obj.resource_version,
         })
         .await

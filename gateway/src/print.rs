@@ -169,19 +169,19 @@ pub fn age(created: Option<&str>, now: DateTime<Utc>) -> String {
     }
 }
 
+/// The value at `path`, if there is one.
+fn value_at<'a>(v: &'a serde_json::Value, path: &[&str]) -> Option<&'a serde_json::Value> {
+    path.iter().try_fold(v, |cur, p| cur.get(p))
+}
+
 /// A cell of the value at `path`: a string as it is, a boolean or number as JSON writes it,
 /// empty when absent (kubectl's printer columns).
 fn text_at(v: &serde_json::Value, path: &[&str]) -> String {
-    let mut cur = v;
-    for p in path {
-        match cur.get(p) {
-            Some(next) => cur = next,
-            None => return String::new(),
+    match value_at(v, path) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(cell @ (serde_json::Value::Bool(_) | serde_json::Value::Number(_))) => {
+            cell.to_string()
         }
-    }
-    match cur {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Bool(_) | serde_json::Value::Number(_) => cur.to_string(),
         _ => String::new(),
     }
 }
@@ -192,11 +192,7 @@ fn when(at: Option<&str>, now: DateTime<Utc>) -> String {
 }
 
 fn str_at<'a>(v: &'a serde_json::Value, path: &[&str]) -> Option<&'a str> {
-    let mut cur = v;
-    for p in path {
-        cur = cur.get(p)?;
-    }
-    cur.as_str()
+    value_at(v, path)?.as_str()
 }
 
 /// Why a snapshot, restore or clone failed, from its `status` (`None` while it has not):
@@ -335,24 +331,22 @@ pub fn object_table(
                 );
             }
             "VirtualMachineSnapshot" => {
-                let status = v.get("status").cloned().unwrap_or_default();
                 row.extend([
                     text_at(&v, &["spec", "source", "kind"]),
                     text_at(&v, &["spec", "source", "name"]),
                     text_at(&v, &["status", "phase"]),
                     text_at(&v, &["status", "readyToUse"]),
                     when(str_at(&v, &["status", "creationTime"]), now),
-                    saga_failure(&status).unwrap_or_default(),
+                    v.get("status").and_then(saga_failure).unwrap_or_default(),
                 ]);
             }
             "VirtualMachineRestore" => {
-                let status = v.get("status").cloned().unwrap_or_default();
                 row.extend([
                     text_at(&v, &["spec", "target", "kind"]),
                     text_at(&v, &["spec", "target", "name"]),
                     text_at(&v, &["status", "complete"]),
                     when(str_at(&v, &["status", "restoreTime"]), now),
-                    saga_failure(&status).unwrap_or_default(),
+                    v.get("status").and_then(saga_failure).unwrap_or_default(),
                 ]);
             }
             "VirtualMachineClone" => row.extend([
@@ -387,6 +381,9 @@ pub fn object_table(
     Ok(())
 }
 
+/// The width of `describe`'s labels (`Resource Version:` and a space), its values' column.
+const LABEL_WIDTH: usize = 19;
+
 /// `describe`: an object for people, as kubectl describes one. Who and what it is, its labels
 /// and annotations, its spec and status (indented YAML), then its latest `events` revisions
 /// from the log (all with 0), oldest first, each with its age.
@@ -409,7 +406,7 @@ pub fn describe(
                 .iter()
                 .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
                 .collect::<Vec<_>>()
-                .join("\n                   "),
+                .join(&format!("\n{:LABEL_WIDTH$}", "")),
         }
     };
     let created = str_at(&v, &["metadata", "creationTimestamp"]);
@@ -434,7 +431,7 @@ pub fn describe(
     fields.push(("Labels:", pairs("labels")));
     fields.push(("Annotations:", pairs("annotations")));
     for (label, value) in fields {
-        writeln!(out, "{label:<19}{value}")?;
+        writeln!(out, "{label:<LABEL_WIDTH$}{value}")?;
     }
     for (label, key) in [("Spec:", "spec"), ("Status:", "status")] {
         let Some(section) = v.get(key).filter(|s| !s.is_null()) else {
@@ -451,14 +448,15 @@ pub fn describe(
         &revisions[revisions.len().saturating_sub(events)..]
     };
     if shown.is_empty() {
-        writeln!(out, "Events:            <none>")?;
+        writeln!(out, "{:<LABEL_WIDTH$}<none>", "Events:")?;
         return Ok(());
     }
     let earlier = revisions.len() - shown.len();
     if earlier > 0 {
         writeln!(
             out,
-            "Events:            the latest {} of {} (all: vmplane history {} {}{})",
+            "{:<LABEL_WIDTH$}the latest {} of {} (all: vmplane history {} {}{})",
+            "Events:",
             shown.len(),
             revisions.len(),
             short_kind(&obj.kind),
