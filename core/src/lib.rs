@@ -32,6 +32,8 @@
 //!   `decide` returns a [`SagaDecision`] whose [`Next`] tells the gateway which [`VmCommand`]
 //!   to decide on the target VM stream before it calls `Progress` again. All three require the
 //!   `Snapshot` feature gate; disk contents are out of scope.
+//! * **Label selectors** ([`selector`]): Kubernetes' selector syntax (`app=web,env in (a,b),!canary`)
+//!   parsed with the requirement named in every refusal, and matched against an object's labels.
 //! * **Cluster feature configuration** ([`features`], semantics.md §6): KubeVirt's feature
 //!   gates with their stages and `IsEnabled` rules, feature configurables, validation of the
 //!   `KubeVirt` object, the effective state of every feature, the features a VM requests (with
@@ -105,6 +107,7 @@ pub mod jsonpatch;
 pub mod lifecycle;
 pub mod limits;
 pub mod quantity;
+pub mod selector;
 pub mod types;
 pub mod validate;
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
+use vmplane_core::selector::LabelSelector;
 use vmplane_core::types::{Kind, Manifest, parse_manifest};
 use vmplane_core::{ObjectCommand, Rejection, VmCommand, VmiCommand};
 use vmplane_projections::command::{
@@ -634,6 +635,13 @@ impl pb::objects_server::Objects for Api {
                 (Some(at), Some(after))
             }
         };
+        let selector = match r.label_selector.trim() {
+            "" => None,
+            text => Some(
+                LabelSelector::parse(text)
+                    .map_err(|e| Status::invalid_argument(format!("label_selector: {e}")))?,
+            ),
+        };
         let log = Arc::clone(&self.log);
         let limit = (r.limit > 0).then_some(r.limit as usize);
         blocking(move || {
@@ -663,6 +671,7 @@ impl pb::objects_server::Objects for Api {
                 after,
                 limit,
                 namespaces: readable,
+                selector,
             };
             // One object at a time: each is held as a tree only while it is turned into text,
             // so a list of many objects costs their text, not their trees (~10x larger).

@@ -154,6 +154,13 @@ fn rfc3339(value: &str) -> Result<String, String> {
         .map_err(|e| format!("not an RFC 3339 time ({e}); write it as 2026-11-22T14:05:00Z"))
 }
 
+/// A label selector, checked before anything is sent: the reason names the requirement.
+fn label_selector(value: &str) -> Result<String, String> {
+    vmplane_core::selector::LabelSelector::parse(value)
+        .map(|_| value.to_string())
+        .map_err(|e| e.reason)
+}
+
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -237,6 +244,8 @@ snapshot, restore, clone, kubevirt (kubectl's long and plural forms work too).
 Examples:
   vmplane get vms
   vmplane get vms -A -o json
+  vmplane get vms -l app=web,tier!=db                  # by labels (kubectl's selectors)
+  vmplane get vms -l 'env in (prod,staging)' -o name
   vmplane get vm demo -o yaml
   vmplane get vm demo --revision 1 -o yaml           # time travel
   vmplane get vm demo --at-position 120
@@ -245,9 +254,10 @@ Examples:
     )]
     Get(GetArgs),
 
-    /// Delete an object, or the objects a file names.
+    /// Delete an object, the objects a label selector matches, or the objects a file names.
     #[command(
         after_help = "Examples:\n  vmplane delete vm demo\n  vmplane delete instancetype small -n team-a\n  \
+                      vmplane delete vms -l app=web              # every VM labelled app=web\n  \
                       vmplane delete -f examples/vm.yaml          # what apply -f created\n  \
                       vmplane delete -f manifests/ -R --ignore-not-found"
     )]
@@ -551,6 +561,11 @@ pub struct GetArgs {
     /// (refused when it is larger than a response may be).
     #[arg(long, value_name = "N", default_value_t = 500)]
     pub chunk_size: u32,
+    /// Only objects whose labels match this selector, in Kubernetes' syntax: `app=web`,
+    /// `app!=web`, `env in (prod,staging)`, `env notin (dev)`, `app` (has the label), `!app`
+    /// (has not), comma-separated (all must hold).
+    #[arg(short = 'l', long, value_name = "SELECTOR", value_parser = label_selector, conflicts_with = "name")]
+    pub selector: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -559,8 +574,12 @@ pub struct DeleteArgs {
     #[arg(required_unless_present = "file", conflicts_with = "file")]
     pub kind: Option<String>,
     /// Name of the object.
-    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    #[arg(required_unless_present_any = ["file", "selector"], conflicts_with = "file")]
     pub name: Option<String>,
+    /// Delete every object of KIND in the namespace whose labels match this selector
+    /// (Kubernetes' syntax, as `get -l`).
+    #[arg(short = 'l', long, value_name = "SELECTOR", value_parser = label_selector, conflicts_with_all = ["name", "file", "expected_generation"])]
+    pub selector: Option<String>,
     /// Delete the objects a file names (YAML or JSON, several documents allowed), a directory
     /// (its .yaml, .yml and .json files, in name order), or `-` for standard input: each by
     /// its kind, name and namespace, as `apply -f` wrote them.

@@ -348,7 +348,7 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
             }
         }
         None => {
-            let resp = list_all(c, g, a).await?;
+            let resp = list_all(c, g, ListQuery::of_get(a)).await?;
             match g.output {
                 None | Some(Output::Table | Output::Wide | Output::Name) => {
                     if resp.items.is_empty() {
@@ -379,11 +379,35 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
     Ok(())
 }
 
-/// A whole list, in pages of `--chunk-size` read at one position (the first page's).
+/// What a list reads: `get`'s list, or the objects a `delete -l` deletes.
+struct ListQuery<'a> {
+    kind: &'a str,
+    all_namespaces: bool,
+    /// Objects per page (0: one response).
+    chunk_size: u32,
+    /// A point in the past, or now (`None`).
+    at: Option<pb::PointInTime>,
+    /// A label selector, or `""` for every object.
+    selector: &'a str,
+}
+
+impl<'a> ListQuery<'a> {
+    fn of_get(a: &'a GetArgs) -> ListQuery<'a> {
+        ListQuery {
+            kind: &a.kind,
+            all_namespaces: a.all_namespaces,
+            chunk_size: a.chunk_size,
+            at: point_in_time(a),
+            selector: a.selector.as_deref().unwrap_or_default(),
+        }
+    }
+}
+
+/// A whole list, in pages of `chunk_size` read at one position (the first page's).
 async fn list_all(
     c: &mut Clients,
     g: &GlobalArgs,
-    a: &GetArgs,
+    q: ListQuery<'_>,
 ) -> anyhow::Result<pb::ListResponse> {
     let mut whole = pb::ListResponse::default();
     let mut token = String::new();
@@ -391,18 +415,15 @@ async fn list_all(
         let page = c
             .objects
             .list(pb::ListRequest {
-                kind: a.kind.clone(),
+                kind: q.kind.to_owned(),
                 namespace: g.namespace.clone(),
-                all_namespaces: a.all_namespaces,
+                all_namespaces: q.all_namespaces,
                 min_position: 0,
-                limit: a.chunk_size,
+                limit: q.chunk_size,
                 // The first page names the point in the past; later ones carry it in the token.
-                at: if token.is_empty() {
-                    point_in_time(a)
-                } else {
-                    None
-                },
+                at: if token.is_empty() { q.at.clone() } else { None },
                 continue_token: std::mem::take(&mut token),
+                label_selector: q.selector.to_owned(),
             })
             .await
             .map_err(status_error)?
@@ -420,10 +441,15 @@ async fn list_all(
 /// namespace, as `apply -f` wrote it).
 pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
+    if let (Some(kind), Some(selector)) = (&a.kind, &a.selector) {
+        return delete_selected(c, g, a, kind, selector, &mut out).await;
+    }
     let Some(file) = &a.file else {
-        // clap requires both without -f.
+        // clap requires both without -f or -l.
         let (Some(kind), Some(name)) = (&a.kind, &a.name) else {
-            bail!("delete: name the object (KIND NAME) or a file (-f FILE)");
+            bail!(
+                "delete: name the object (KIND NAME), a selector (KIND -l SELECTOR) or a file (-f FILE)"
+            );
         };
         let target = Target {
             kind,
@@ -463,6 +489,54 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
             Ok(true) => said_deleted(&mut out, g, &target)?,
             Ok(false) => {}
             Err(status) => failures.push(status_error(located(status, &unit, &g.namespace))),
+        }
+    }
+    outcome(failures, total, "deleted")
+}
+
+/// `delete KIND -l SELECTOR`: every object of the kind in the namespace whose labels match,
+/// listed now and deleted one by one. One that is gone by the time it is deleted was deleted
+/// by someone else: not an error.
+async fn delete_selected(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &DeleteArgs,
+    kind: &str,
+    selector: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let listed = list_all(
+        c,
+        g,
+        ListQuery {
+            kind,
+            all_namespaces: false,
+            chunk_size: 500,
+            at: None,
+            selector,
+        },
+    )
+    .await?;
+    if listed.items.is_empty() {
+        eprintln!("No resources found in namespace {}.", g.namespace);
+        return Ok(());
+    }
+    let total = listed.items.len();
+    let mut failures = Vec::new();
+    let tolerant = DeleteArgs {
+        ignore_not_found: true,
+        ..a.clone()
+    };
+    for item in &listed.items {
+        let target = Target {
+            kind,
+            namespace: &item.namespace,
+            name: &item.name,
+        };
+        match delete_one(c, &tolerant, &target).await {
+            Ok(true) => said_deleted(out, g, &target)?,
+            Ok(false) => {}
+            Err(status) => failures.push(status_error(status)),
         }
     }
     outcome(failures, total, "deleted")

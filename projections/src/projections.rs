@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use uuid::Uuid;
 use vmplane_core::features::Features;
+use vmplane_core::selector::LabelSelector;
 use vmplane_core::types::Kind;
 use vmplane_store::{EventLog, Position, Timestamp};
 
@@ -85,6 +86,11 @@ pub struct ListPage {
     /// any. Applied before the page is cut, so a page, and where the next one starts, never
     /// come from a namespace outside them.
     pub namespaces: Option<Vec<String>>,
+    /// Only objects whose labels (`metadata.labels` as rendered) satisfy this selector; `None`
+    /// or an empty selector: any. A page then holds up to `limit` matching objects, and
+    /// [`PageEnd::next`] is set only when another matching object follows, so paging never
+    /// ends on an empty page.
+    pub selector: Option<LabelSelector>,
 }
 
 /// Where a page of a list ended.
@@ -762,6 +768,14 @@ impl Projections {
         };
         self.sync(wait)?;
         let limit = page.limit.unwrap_or(usize::MAX).max(1);
+        // A selector is decided on the rendered object: every candidate is gathered, and the
+        // page is cut while they are read.
+        let selector = page.selector.as_ref().filter(|s| !s.is_empty());
+        let gather_limit = if selector.is_some() {
+            usize::MAX
+        } else {
+            limit
+        };
         let after = page
             .after
             .as_ref()
@@ -823,7 +837,7 @@ impl Projections {
                     ));
                     taken += 1;
                     // One more than a page tells whether another page follows.
-                    if taken > limit {
+                    if taken > gather_limit {
                         break;
                     }
                 }
@@ -835,7 +849,7 @@ impl Projections {
             for i in 0..wanted.len() {
                 if i == 0 || wanted[i].0 != wanted[i - 1].0 {
                     names += 1;
-                    if names > limit {
+                    if names > gather_limit {
                         cut = i;
                         break;
                     }
@@ -845,7 +859,7 @@ impl Projections {
             wanted.truncate(cut);
             (position, wanted, more)
         };
-        let next = if more {
+        let mut next = if more {
             wanted.last().map(|(key, ..)| key.clone())
         } else {
             None
@@ -861,17 +875,34 @@ impl Projections {
             Read::One
         };
         let mut seen_vmi = std::collections::HashSet::new();
+        // With a selector: the matching objects visited, and the last one's (namespace, name).
+        let mut matched = 0usize;
+        let mut last_matched: Option<(String, String)> = None;
         for ((ns, name), stream, stream_kind, revision) in wanted {
             if seen_vmi.contains(&(ns.clone(), name.clone())) {
                 continue;
             }
             let snapshot = self.load_as(&stream, stream_kind, revision, read)?;
-            if let Some(view) = render(&snapshot, kind, &features, now_ms) {
-                if kind == Kind::VirtualMachineInstance {
-                    seen_vmi.insert((ns, name));
-                }
-                visit(view);
+            let Some(view) = render(&snapshot, kind, &features, now_ms) else {
+                continue;
+            };
+            if kind == Kind::VirtualMachineInstance {
+                // The first source that renders is the VMI, whether it matches or not.
+                seen_vmi.insert((ns.clone(), name.clone()));
             }
+            if let Some(selector) = selector {
+                if !selector.matches(|key| label_of(&view.object, key)) {
+                    continue;
+                }
+                if matched == limit {
+                    // Another matching object follows the page.
+                    next = last_matched;
+                    break;
+                }
+                matched += 1;
+                last_matched = Some((ns, name));
+            }
+            visit(view);
         }
         Ok(PageEnd { position, next })
     }
@@ -1022,6 +1053,11 @@ fn load_checkpoint(
     ReadModel::from_data(loaded.body)
         .map(Some)
         .map_err(|e| e.to_string())
+}
+
+/// The value of label `key` of a rendered object (`metadata.labels`), if it has one.
+fn label_of<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
+    object.get("metadata")?.get("labels")?.get(key)?.as_str()
 }
 
 #[cfg(test)]

@@ -163,6 +163,68 @@ fn the_pages_of_a_long_list_pass_through_the_state_cache_and_a_short_list_is_cac
 }
 
 #[test]
+fn a_label_selector_pages_through_matching_objects_only() {
+    use vmplane_core::selector::LabelSelector;
+    let env = env();
+    // p0..p9; the even ones are tier=web, every third has no tier at all.
+    for i in 0..10 {
+        let mut v = vm("team-a", &format!("p{i}"), "128Mi");
+        if i % 3 != 0 {
+            let tier = if i % 2 == 0 { "web" } else { "db" };
+            v.metadata
+                .labels
+                .get_or_insert_default()
+                .insert("tier".into(), serde_json::json!(tier));
+        }
+        env.apply_vm("alice", v);
+    }
+    let select = |selector: &str, limit: Option<usize>| {
+        let selector = LabelSelector::parse(selector).expect("selector");
+        let mut pages = Vec::new();
+        let mut after = None;
+        loop {
+            let mut names = Vec::new();
+            let end = env
+                .projections
+                .visit_page(
+                    Kind::VirtualMachine,
+                    Some("team-a"),
+                    &vmplane_projections::ListPage {
+                        after,
+                        limit,
+                        selector: Some(selector.clone()),
+                        ..Default::default()
+                    },
+                    |view| names.push(view.name),
+                )
+                .expect("page");
+            pages.push(names);
+            match end.next {
+                Some(next) => after = Some(next),
+                None => return pages,
+            }
+        }
+    };
+    // p2, p4, p8 are web (p0 and p6 have no tier).
+    assert_eq!(select("tier=web", None), [["p2", "p4", "p8"]]);
+    // Pages of two matching objects; the last page is not empty, and no page follows it.
+    assert_eq!(select("tier=web", Some(2)), [vec!["p2", "p4"], vec!["p8"]]);
+    assert_eq!(
+        select("tier in (web,db)", Some(3)),
+        [vec!["p1", "p2", "p4"], vec!["p5", "p7", "p8"]]
+    );
+    assert_eq!(select("!tier", Some(10)), [["p0", "p3", "p6", "p9"]]);
+    assert_eq!(
+        select("tier!=web,app=demo", Some(3)),
+        [vec!["p0", "p1", "p3"], vec!["p5", "p6", "p7"], vec!["p9"]]
+    );
+    // Nothing matches: one empty page, no next.
+    assert_eq!(select("tier=cache", Some(2)), [Vec::<String>::new()]);
+    // The empty selector selects everything, as no selector does.
+    assert_eq!(select("", None)[0].len(), 10);
+}
+
+#[test]
 fn restart_with_checkpoint_and_tail_equals_rebuild() {
     let env = env();
     populate(&env, "a", 6);

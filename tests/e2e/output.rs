@@ -656,3 +656,114 @@ fn serve_and_completion_help_do_not_list_the_client_flags() {
     let (_, out, _) = run_cli(&["get", "--help"]);
     assert!(out.contains("--server <SERVER>"), "{out}");
 }
+
+/// Three VMs labelled as a GitOps repository would label them.
+fn labelled_vms(ns: &str) -> String {
+    let vm = std::fs::read_to_string(repo_root().join("examples/vm.yaml")).expect("example");
+    [
+        ("web-1", "web", "prod"),
+        ("web-2", "web", "staging"),
+        ("db-1", "db", "prod"),
+    ]
+    .iter()
+    .map(|(name, tier, env)| {
+        vm.replace("name: demo", &format!("name: {name}"))
+            .replacen(
+                "    app: demo\n",
+                &format!("    app: demo\n    tier: {tier}\n    env: {env}\n"),
+                1,
+            )
+            .replace(
+                "metadata:\n  name",
+                &format!("metadata:\n  namespace: {ns}\n  name"),
+            )
+    })
+    .collect::<Vec<_>>()
+    .join("---\n")
+}
+
+#[test]
+fn label_selectors_choose_what_get_lists_and_what_delete_deletes() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-selectors";
+    let (code, _, err) = vmplane.run_with_stdin(&["apply", "-f", "-"], &labelled_vms(ns));
+    assert_eq!(code, 0, "{err}");
+    let get = |selector: &str| vmplane.ok(&["get", "vms", "-n", ns, "-l", selector, "-o", "name"]);
+    assert_eq!(
+        get("tier=web"),
+        "virtualmachine/web-1\nvirtualmachine/web-2\n"
+    );
+    assert_eq!(get("tier=web,env=prod"), "virtualmachine/web-1\n");
+    assert_eq!(
+        get("env in (prod, staging),tier!=web"),
+        "virtualmachine/db-1\n"
+    );
+    assert_eq!(get("!tier"), "");
+    // Pages of one object: the same list, read at one position.
+    let paged = vmplane.ok(&[
+        "get",
+        "vms",
+        "-n",
+        ns,
+        "-l",
+        "env=prod",
+        "--chunk-size",
+        "1",
+        "-o",
+        "json",
+    ]);
+    let names: Vec<String> = json(&paged)["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().expect("name").to_owned())
+        .collect();
+    assert_eq!(names, ["db-1", "web-1"]);
+    // The table too, and -A.
+    let table = vmplane.ok(&["get", "vms", "-A", "-l", "tier=db"]);
+    assert!(table.contains("db-1") && !table.contains("web-"), "{table}");
+    // Nothing matches: kubectl's message on stderr.
+    let (code, out, err) = vmplane.run(&["get", "vms", "-n", ns, "-l", "tier=cache"]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert_eq!(err, format!("No resources found in namespace {ns}.\n"));
+    // A malformed selector is refused before anything is sent, naming the requirement.
+    let (code, _, err) = vmplane.run(&["get", "vms", "-n", ns, "-l", "tier in web"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--selector") && err.contains("tier in: expected '('"),
+        "{err}"
+    );
+    let line = vmplane.fails(&["get", "vm", "web-1", "-n", ns, "-l", "tier=web"]);
+    assert!(line.contains("--selector"), "{line}");
+    // The server checks it as well, and names the field.
+    let status = crate::rt().block_on(async {
+        vmplane_gateway::pb::objects_client::ObjectsClient::new(
+            crate::channel(shared_server()).await,
+        )
+        .list(vmplane_gateway::pb::ListRequest {
+            kind: "vm".into(),
+            namespace: ns.into(),
+            label_selector: "tier==".repeat(2),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a malformed selector is refused")
+    });
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .starts_with("label_selector: label selector \"tier==tier==\""),
+        "{}",
+        status.message()
+    );
+    // delete -l: the matching ones, named; the others stay.
+    assert_eq!(
+        vmplane.ok(&["delete", "vms", "-n", ns, "-l", "tier=web"]),
+        "virtualmachine/web-1 deleted\nvirtualmachine/web-2 deleted\n"
+    );
+    assert_eq!(get("app=demo"), "virtualmachine/db-1\n");
+    let (code, out, err) = vmplane.run(&["delete", "vms", "-n", ns, "-l", "tier=web"]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert_eq!(err, format!("No resources found in namespace {ns}.\n"));
+}
