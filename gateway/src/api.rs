@@ -106,6 +106,33 @@ impl Api {
     }
 }
 
+/// The object a request names (its `ref`), once the caller may `access` it.
+struct Target {
+    kind: Kind,
+    /// The request's namespace, or `default`.
+    namespace: String,
+    name: String,
+    /// `KIND NAMESPACE/NAME` (`KIND NAME` when cluster-wide), for messages.
+    object: String,
+}
+
+/// Reads a request's `ref` into a [`Target`]: its kind parsed, its namespace defaulted, and
+/// `access` to it checked (and recorded on the request's span) — the same steps, in the same
+/// order, for every request that names one object.
+fn target(p: &Principal, access: Access, rf: Option<pb::ObjectRef>) -> Result<Target, Status> {
+    let rf = rf.unwrap_or_default();
+    let kind = parse_kind(&rf.kind)?;
+    let namespace = namespace_or_default(&rf.namespace);
+    authorize(p, access, kind, &namespace, Some(&rf.name))?;
+    let object = describe(kind, &namespace, &rf.name);
+    Ok(Target {
+        kind,
+        namespace,
+        name: rf.name,
+        object,
+    })
+}
+
 /// Checks `access` to `kind` objects of `namespace`, and records on the request's span the
 /// object it names (`name`; `None` for a list). Kinds decided for the whole cluster
 /// ([`Kind::cluster_wide`]: the cluster-scoped kinds and the cluster config, KubeVirt) ignore
@@ -557,24 +584,25 @@ impl pb::objects_server::Objects for Api {
     ) -> Result<Response<pb::GetResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
-        let rf = r.r#ref.unwrap_or_default();
-        let kind = parse_kind(&rf.kind)?;
-        let namespace = namespace_or_default(&rf.namespace);
-        authorize(&p, Access::Read, kind, &namespace, Some(&rf.name))?;
+        let Target {
+            kind,
+            namespace,
+            name,
+            object,
+        } = target(&p, Access::Read, r.r#ref)?;
         let at = match r.at.and_then(|a| a.at) {
             None => At::Current,
             Some(pb::point_in_time::At::Revision(n)) => At::Revision(n),
             Some(pb::point_in_time::At::Position(n)) => At::Position(Position(n)),
             Some(pb::point_in_time::At::AsOf(t)) => At::Time(parse_time("as_of", &t)?),
         };
-        let object = describe(kind, &namespace, &rf.name);
         let projections = self.projections.clone();
         let min = (r.min_position > 0).then_some(Position(r.min_position));
         blocking(move || {
             // The object's JSON text straight from the projections (no JSON tree per read).
             let view = match at {
-                At::Current => projections.get_json(kind, &namespace, &rf.name, min),
-                other => projections.get_at_json(kind, &namespace, &rf.name, other),
+                At::Current => projections.get_json(kind, &namespace, &name, min),
+                other => projections.get_at_json(kind, &namespace, &name, other),
             }
             .map_err(|e| from_projection(&object, e))?;
             let when = match at {
@@ -711,28 +739,29 @@ impl pb::objects_server::Objects for Api {
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
-        let rf = r.r#ref.unwrap_or_default();
-        let kind = parse_kind(&rf.kind)?;
-        let namespace = namespace_or_default(&rf.namespace);
-        authorize(&p, Access::Write, kind, &namespace, Some(&rf.name))?;
-        let object = describe(kind, &namespace, &rf.name);
+        let Target {
+            kind,
+            namespace,
+            name,
+            object,
+        } = target(&p, Access::Write, r.r#ref)?;
         let command = match kind {
             Kind::VirtualMachine => Command::Vm {
                 namespace,
-                name: rf.name,
+                name,
                 command: VmCommand::Delete {
                     expected_generation: r.expected_generation,
                 },
             },
             Kind::VirtualMachineInstance => Command::Vmi {
                 namespace,
-                name: rf.name,
+                name,
                 command: VmiCommand::Delete,
             },
             kind => Command::Object {
                 kind,
                 namespace,
-                name: rf.name,
+                name,
                 command: ObjectCommand::Delete(r.expected_generation),
             },
         };
@@ -904,11 +933,12 @@ impl pb::history_server::History for Api {
     ) -> Result<Response<pb::HistoryResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
-        let rf = r.r#ref.unwrap_or_default();
-        let kind = parse_kind(&rf.kind)?;
-        let namespace = namespace_or_default(&rf.namespace);
-        authorize(&p, Access::Read, kind, &namespace, Some(&rf.name))?;
-        let object = describe(kind, &namespace, &rf.name);
+        let Target {
+            kind,
+            namespace,
+            name,
+            object,
+        } = target(&p, Access::Read, r.r#ref)?;
         let projections = self.projections.clone();
         let (min, wait) = (r.min_position, self.read_wait);
         blocking(move || {
@@ -918,7 +948,7 @@ impl pb::history_server::History for Api {
                     .map_err(|e| from_projection(&object, e))?;
             }
             let entries = projections
-                .history(kind, &namespace, &rf.name)
+                .history(kind, &namespace, &name)
                 .map_err(|e| from_projection(&object, e))?;
             let revisions = entries
                 .into_iter()
@@ -942,15 +972,16 @@ impl pb::history_server::History for Api {
     ) -> Result<Response<pb::DiffResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
-        let rf = r.r#ref.unwrap_or_default();
-        let kind = parse_kind(&rf.kind)?;
-        let namespace = namespace_or_default(&rf.namespace);
-        authorize(&p, Access::Read, kind, &namespace, Some(&rf.name))?;
-        let object = describe(kind, &namespace, &rf.name);
+        let Target {
+            kind,
+            namespace,
+            name,
+            object,
+        } = target(&p, Access::Read, r.r#ref)?;
         let projections = self.projections.clone();
         blocking(move || {
             let d = projections
-                .diff(kind, &namespace, &rf.name, r.from_revision, r.to_revision)
+                .diff(kind, &namespace, &name, r.from_revision, r.to_revision)
                 .map_err(|e| from_projection(&object, e))?;
             Ok(Response::new(pb::DiffResponse {
                 equal: d.is_equal(),
