@@ -161,6 +161,21 @@ fn label_selector(value: &str) -> Result<String, String> {
         .map_err(|e| e.reason)
 }
 
+/// A label key for `-L`: checked as a selector's key is.
+fn label_key(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    match vmplane_core::selector::LabelSelector::parse(value) {
+        Ok(s)
+            if matches!(s.requirements(), [r] if r.key == value
+            && r.operator == vmplane_core::selector::Operator::Exists) =>
+        {
+            Ok(value.to_owned())
+        }
+        Ok(_) => Err(format!("{value:?} is not one label key")),
+        Err(e) => Err(e.reason),
+    }
+}
+
 /// How results are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -246,6 +261,8 @@ Examples:
   vmplane get vms -A -o json
   vmplane get vms -l app=web,tier!=db                  # by labels (kubectl's selectors)
   vmplane get vms -l 'env in (prod,staging)' -o name
+  vmplane get vms -L app,env                          # a column per label
+  vmplane get vms --show-labels
   vmplane get vm demo -o yaml
   vmplane get vm demo --revision 1 -o yaml           # time travel
   vmplane get vm demo --at-position 120
@@ -566,6 +583,13 @@ pub struct GetArgs {
     /// (has not), comma-separated (all must hold).
     #[arg(short = 'l', long, value_name = "SELECTOR", value_parser = label_selector, conflicts_with = "name")]
     pub selector: Option<String>,
+    /// The table gets a column for each of these label keys (comma-separated or repeated),
+    /// headed by the key's last part in capitals, as kubectl's `-L`.
+    #[arg(short = 'L', long, value_name = "KEY,...", value_delimiter = ',', value_parser = label_key)]
+    pub label_columns: Vec<String>,
+    /// The table gets a LABELS column: every label as key=value.
+    #[arg(long)]
+    pub show_labels: bool,
 }
 
 #[derive(Debug, Clone, Args)]

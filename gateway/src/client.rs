@@ -342,7 +342,7 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
             let obj = resp.object.unwrap_or_default();
             match g.output {
                 None | Some(Output::Table | Output::Wide) => {
-                    print::object_table(&mut out, &[obj], false, g.output == Some(Output::Wide))?
+                    print::object_table(&mut out, &[obj], &table_options(g, a))?
                 }
                 other => print::object(&mut out, other, &obj)?,
             }
@@ -364,12 +364,7 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
                     } else if g.output == Some(Output::Name) {
                         print::list(&mut out, g.output, &resp.items, resp.read_position)?;
                     } else {
-                        print::object_table(
-                            &mut out,
-                            &resp.items,
-                            a.all_namespaces,
-                            g.output == Some(Output::Wide),
-                        )?;
+                        print::object_table(&mut out, &resp.items, &table_options(g, a))?;
                     }
                 }
                 other => print::list(&mut out, other, &resp.items, resp.read_position)?,
@@ -377,6 +372,16 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
         }
     }
     Ok(())
+}
+
+/// `get`'s table: its namespace column with `-A`, `-o wide`, `-L` and `--show-labels`.
+fn table_options(g: &GlobalArgs, a: &GetArgs) -> print::TableOptions {
+    print::TableOptions {
+        with_ns: a.all_namespaces && a.name.is_none(),
+        wide: g.output == Some(Output::Wide),
+        label_columns: a.label_columns.clone(),
+        show_labels: a.show_labels,
+    }
 }
 
 /// What a list reads: `get`'s list, or the objects a `delete -l` deletes.

@@ -232,12 +232,31 @@ pub fn saga_failure(status: &serde_json::Value) -> Option<String> {
 /// A table of objects, with columns that fit their kind; `wide` (`-o wide`) adds a VM's
 /// readiness, run strategy, instancetype, preference and firmware UUID origin, a VMI's origin,
 /// and every object's resourceVersion.
+/// What `get`'s table shows beyond its kind's columns.
+#[derive(Debug, Clone, Default)]
+pub struct TableOptions {
+    /// A NAMESPACE column first (`-A`).
+    pub with_ns: bool,
+    /// `-o wide`'s columns.
+    pub wide: bool,
+    /// A column per label key (`-L KEY`), headed as kubectl heads it: the key's last
+    /// `/`-separated part, upper-cased.
+    pub label_columns: Vec<String>,
+    /// A LABELS column last (`--show-labels`): `key=value` pairs by key, `<none>` without any.
+    pub show_labels: bool,
+}
+
 pub fn object_table(
     out: &mut impl Write,
     items: &[pb::Object],
-    with_ns: bool,
-    wide: bool,
+    options: &TableOptions,
 ) -> anyhow::Result<()> {
+    let TableOptions {
+        with_ns,
+        wide,
+        ref label_columns,
+        show_labels,
+    } = *options;
     let now = Utc::now();
     let kind = items.first().map(|o| o.kind.as_str()).unwrap_or("");
     let mut header: Vec<&str> = Vec::new();
@@ -289,6 +308,14 @@ pub fn object_table(
             _ => {}
         }
         header.push("RESOURCE-VERSION");
+    }
+    let label_headers: Vec<String> = label_columns
+        .iter()
+        .map(|key| key.rsplit('/').next().unwrap_or(key).to_uppercase())
+        .collect();
+    header.extend(label_headers.iter().map(String::as_str));
+    if show_labels {
+        header.push("LABELS");
     }
     for obj in items {
         let v = parse(obj)?;
@@ -374,6 +401,33 @@ pub fn object_table(
                 _ => {}
             }
             row.push(obj.resource_version.to_string());
+        }
+        let labels = v
+            .pointer("/metadata/labels")
+            .and_then(serde_json::Value::as_object);
+        let label = |key: &str| {
+            labels
+                .and_then(|m| m.get(key))
+                .and_then(serde_json::Value::as_str)
+        };
+        row.extend(
+            label_columns
+                .iter()
+                .map(|key| label(key).unwrap_or_default().to_owned()),
+        );
+        if show_labels {
+            // By key, as kubectl prints them (the map keeps the object's own order).
+            let mut pairs: Vec<String> = labels
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect();
+            pairs.sort();
+            row.push(if pairs.is_empty() {
+                "<none>".to_owned()
+            } else {
+                pairs.join(",")
+            });
         }
         rows.push(row);
     }
@@ -910,7 +964,7 @@ mod tests {
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let text = |items: &[pb::Object]| {
             let mut out = Vec::new();
-            object_table(&mut out, items, false, false).expect("write");
+            object_table(&mut out, items, &TableOptions::default()).expect("write");
             String::from_utf8(out).expect("utf-8")
         };
         let snapshots = text(&[
@@ -998,7 +1052,11 @@ mod tests {
         };
         let text = |wide: bool| {
             let mut out = Vec::new();
-            object_table(&mut out, std::slice::from_ref(&vm), false, wide).expect("write");
+            let options = TableOptions {
+                wide,
+                ..TableOptions::default()
+            };
+            object_table(&mut out, std::slice::from_ref(&vm), &options).expect("write");
             String::from_utf8(out).expect("utf-8")
         };
         let squeezed = |text: String| -> Vec<String> {
@@ -1021,6 +1079,54 @@ mod tests {
                 "web Stopped <unknown> 2 u-1 false Halted u1.medium fedora Generated 41",
             ]
         );
+    }
+
+    #[test]
+    fn label_columns_and_show_labels_come_last_as_in_kubectl() {
+        let obj = |name: &str, labels: serde_json::Value| pb::Object {
+            kind: "Instancetype".into(),
+            name: name.into(),
+            generation: 1,
+            json: json!({"metadata": {"labels": labels}}).to_string(),
+            ..Default::default()
+        };
+        let items = [
+            obj(
+                "small",
+                json!({"app.kubernetes.io/name": "web", "tier": "front"}),
+            ),
+            obj("plain", json!({})),
+        ];
+        let mut out = Vec::new();
+        let options = TableOptions {
+            label_columns: vec!["app.kubernetes.io/name".into(), "zone".into()],
+            show_labels: true,
+            ..TableOptions::default()
+        };
+        object_table(&mut out, &items, &options).expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        let lines: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                vec!["NAME", "AGE", "GENERATION", "NAME", "ZONE", "LABELS"],
+                vec![
+                    "small",
+                    "<unknown>",
+                    "1",
+                    "web",
+                    "app.kubernetes.io/name=web,tier=front"
+                ],
+                vec!["plain", "<unknown>", "1", "<none>"],
+            ]
+        );
+        // The label columns line up under their headers.
+        let header = text.lines().next().expect("header");
+        let row = text.lines().nth(1).expect("row");
+        assert_eq!(header.rfind("NAME"), row.find("web"));
     }
 
     #[test]

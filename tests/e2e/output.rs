@@ -722,6 +722,23 @@ fn label_selectors_choose_what_get_lists_and_what_delete_deletes() {
     // The table too, and -A.
     let table = vmplane.ok(&["get", "vms", "-A", "-l", "tier=db"]);
     assert!(table.contains("db-1") && !table.contains("web-"), "{table}");
+    // Label columns (-L) and every label (--show-labels), after the table's own columns.
+    let table = vmplane.ok(&["get", "vms", "-n", ns, "-L", "tier,env", "--show-labels"]);
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0][5..], ["TIER", "ENV", "LABELS"], "{table}");
+    assert_eq!(
+        lines[1][lines[1].len() - 3..],
+        ["db", "prod", "app=demo,env=prod,tier=db"],
+        "{table}"
+    );
+    let line = vmplane.fails(&["get", "vms", "-n", ns, "-L", "tier=db"]);
+    assert!(
+        line.contains("--label-columns") && line.contains("not one label key"),
+        "{line}"
+    );
     // Nothing matches: kubectl's message on stderr.
     let (code, out, err) = vmplane.run(&["get", "vms", "-n", ns, "-l", "tier=cache"]);
     assert_eq!((code, out.as_str()), (0, ""), "{err}");
