@@ -24,21 +24,21 @@
 //! clone.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 
 use serde::Deserialize;
 
-use super::Emitter;
 pub use super::dataprotection::filter_keys;
-use super::dataprotection::{self, Next, ObjectRef, SagaDecision, condition, rfc3339};
+use super::dataprotection::{self, Next, ObjectRef, Saga, SagaDecision, condition, done, rfc3339};
 use super::object::{self, ObjectState};
 use super::restore::LAST_RESTORE_ANNOTATION;
 use super::snapshot::{SnapshotPhase, SnapshotState};
 use super::vm::{PutVm, VmCommand, VmState};
 use crate::ctx::Ctx;
-use crate::decision::{Decision, Outcome, streams};
+use crate::decision::{Decision, streams};
 use crate::error::{Causes, Rejection, codes};
 use crate::event::*;
-use crate::features::{self, Features};
+use crate::features::Features;
 use crate::firmware::{self, FirmwareOrigin};
 use crate::jsonpatch::PatchOp;
 use crate::limits::CLONE_TARGET_SUFFIX_CHARS;
@@ -150,7 +150,33 @@ impl CloneState {
 
     /// The stored spec, if readable.
     pub fn spec(&self) -> Option<CloneSpecView> {
-        dataprotection::spec_view(dataprotection::stored(&self.object)?).ok()
+        self.stored_spec()
+    }
+}
+
+impl Saga for CloneState {
+    const KIND: Kind = Kind::VirtualMachineClone;
+    const NAME: &'static str = "clone";
+    type Spec = CloneSpecView;
+
+    fn object(&self) -> &ObjectState {
+        &self.object
+    }
+
+    fn finished(&self) -> bool {
+        self.is_finished()
+    }
+
+    fn evolve(self, event: &Event) -> Self {
+        evolve(self, event)
+    }
+
+    fn validate(manifest: &GenericObject) -> Result<Vec<PatchOp>, Rejection> {
+        validate(manifest)
+    }
+
+    fn failed(reason: String, at_ms: i64) -> Event {
+        Event::CloneFailed(CloneFailed { reason, at_ms })
     }
 }
 
@@ -374,34 +400,23 @@ pub fn decide(
     match command {
         CloneCommand::Delete {
             expected_generation,
-        } => Ok(SagaDecision {
-            decision: dataprotection::delete(&state.object, *expected_generation, ctx)?,
-            next: Next::Done,
-        }),
+        } => Ok(done(dataprotection::delete(
+            &state.object,
+            *expected_generation,
+            ctx,
+        )?)),
         CloneCommand::TargetRejected { rejection } => {
             if !state.is_live() || state.is_finished() || state.started.is_none() {
                 return Ok(done(Decision::unchanged()));
             }
-            let mut em = Emitter::new(state.clone(), evolve);
-            em.emit(Event::CloneFailed(CloneFailed {
-                // Named only within the clone's own namespace (see restore's).
-                reason: format!(
-                    "creating the target VirtualMachine failed: {}",
-                    rejection
-                        .describe_for(|ns| ns.is_some() && ns == state.object.namespace.as_deref())
-                ),
-                at_ms: ctx.now_ms(),
-            }));
-            Ok(done(em.finish(Outcome::Recorded)))
+            Ok(dataprotection::target_rejected(
+                state,
+                "creating the target VirtualMachine failed",
+                rejection,
+                ctx,
+            ))
         }
         CloneCommand::Progress(input) => progress(state, input, ctx),
-    }
-}
-
-fn done(decision: Decision) -> SagaDecision {
-    SagaDecision {
-        decision,
-        next: Next::Done,
     }
 }
 
@@ -410,79 +425,39 @@ fn progress(
     input: &CloneInput,
     ctx: &mut Ctx,
 ) -> Result<SagaDecision, Rejection> {
-    features::require_feature(&input.features, features::SNAPSHOT)?;
-    let patches = match &input.manifest {
-        Some(m) => Some(validate(m)?),
-        None => None,
+    let (mut step, patches, spec) =
+        match dataprotection::open_saga(state, &input.features, input.manifest.as_ref(), ctx)? {
+            ControlFlow::Continue(open) => open,
+            ControlFlow::Break(decided) => return Ok(decided),
+        };
+    let Some(source_ref) = spec.source.clone() else {
+        return Ok(step.unreadable_spec());
     };
-    let created = dataprotection::admit_manifest(
-        &state.object,
-        input.manifest.as_ref(),
-        Kind::VirtualMachineClone,
-        ctx,
-    )?;
-    if created.is_none() && state.is_finished() {
-        return Ok(done(Decision::unchanged()));
-    }
-    let mut em = Emitter::new(state.clone(), evolve);
-    let outcome = match created {
-        Some(e) => {
-            em.emit(e);
-            Outcome::Created
-        }
-        None => Outcome::Recorded,
-    };
-    let now = ctx.now_ms();
-    let fail = |em: &mut Emitter<CloneState>, reason: String| {
-        em.emit(Event::CloneFailed(CloneFailed { reason, at_ms: now }));
-    };
-    let stored = dataprotection::stored(&em.state.object).cloned();
-    let patches = match (patches, stored.as_ref().map(validate)) {
-        (Some(p), _) | (None, Some(Ok(p))) => p,
-        (None, Some(Err(r))) => {
-            fail(&mut em, r.to_string());
-            return Ok(done(em.finish(outcome)));
-        }
-        (None, None) => {
-            fail(&mut em, "the stored clone has no readable spec".into());
-            return Ok(done(em.finish(outcome)));
-        }
-    };
-    let (Some(spec), Some(source_ref)) = (em.state.spec(), em.state.spec().and_then(|s| s.source))
-    else {
-        fail(&mut em, "the stored clone has no readable spec".into());
-        return Ok(done(em.finish(outcome)));
-    };
-    let ns = dataprotection::namespace_of(&em.state.object);
+    let now = step.now();
+    let ns = dataprotection::namespace_of(&step.state().object);
     let target = &input.target;
 
     // Step 3 (or a retry of step 2).
-    if let Some(started) = em.state.started.clone() {
+    if let Some(started) = step.state().started.clone() {
         check_target(target, &ns, &started.target_name)?;
         if target.is_live() {
             if target.firmware.as_ref().map(|f| f.uuid) == Some(started.firmware_uuid) {
-                em.emit(Event::CloneSucceeded(CloneSucceeded {
+                step.emit(Event::CloneSucceeded(CloneSucceeded {
                     target_uid: target.uid.unwrap_or_default(),
                     target_generation: target.generation,
                     at_ms: now,
                 }));
             } else {
-                fail(&mut em, target_exists(&started.target_name, &ns));
+                step.fail(target_exists(&started.target_name, &ns));
             }
-            return Ok(done(em.finish(outcome)));
+            return Ok(step.done());
         }
         return Ok(match target_command(&started) {
-            Some(command) => SagaDecision {
-                decision: em.finish(outcome),
-                next: Next::ApplyToTarget {
-                    stream: streams::vm(&ns, &started.target_name),
-                    command,
-                },
-            },
-            None => {
-                fail(&mut em, "the recorded clone plan is unreadable".into());
-                done(em.finish(outcome))
-            }
+            Some(command) => step.then(Next::ApplyToTarget {
+                stream: streams::vm(&ns, &started.target_name),
+                command,
+            }),
+            None => step.failed("the recorded clone plan is unreadable"),
         });
     }
 
@@ -522,14 +497,10 @@ fn progress(
                     preference: vm.preference.as_deref().map(dataprotection::revision_of),
                 },
                 _ => {
-                    fail(
-                        &mut em,
-                        format!(
-                            "VirtualMachine {} does not exist in namespace {ns}",
-                            source_ref.name
-                        ),
-                    );
-                    return Ok(done(em.finish(outcome)));
+                    return Ok(step.failed(format!(
+                        "VirtualMachine {} does not exist in namespace {ns}",
+                        source_ref.name
+                    )));
                 }
             }
         }
@@ -551,21 +522,14 @@ fn progress(
                 ));
             }
             if !snap.is_live() {
-                fail(
-                    &mut em,
-                    format!(
-                        "VirtualMachineSnapshot {} does not exist in namespace {ns}",
-                        source_ref.name
-                    ),
-                );
-                return Ok(done(em.finish(outcome)));
+                return Ok(step.failed(format!(
+                    "VirtualMachineSnapshot {} does not exist in namespace {ns}",
+                    source_ref.name
+                )));
             }
             match (snap.phase(), snap.taken.as_ref(), snap.vm()) {
                 (SnapshotPhase::InProgress, _, _) => {
-                    return Ok(SagaDecision {
-                        decision: em.finish(outcome),
-                        next: Next::WaitForChange,
-                    });
+                    return Ok(step.then(Next::WaitForChange));
                 }
                 (SnapshotPhase::Succeeded, Some(t), Some(v)) => Captured {
                     vm: v,
@@ -576,11 +540,9 @@ fn progress(
                     preference: t.preference.clone(),
                 },
                 _ => {
-                    fail(
-                        &mut em,
-                        format!("VirtualMachineSnapshot {} failed", source_ref.name),
+                    return Ok(
+                        step.failed(format!("VirtualMachineSnapshot {} failed", source_ref.name))
                     );
-                    return Ok(done(em.finish(outcome)));
                 }
             }
         }
@@ -593,8 +555,7 @@ fn progress(
     };
     check_target(target, &ns, &target_name)?;
     if target.is_live() {
-        fail(&mut em, target_exists(&target_name, &ns));
-        return Ok(done(em.finish(outcome)));
+        return Ok(step.failed(target_exists(&target_name, &ns)));
     }
 
     // The new VM.
@@ -640,8 +601,7 @@ fn progress(
         match super::restore::patch_vm(&vm, &patches) {
             Ok(p) => vm = p,
             Err(why) => {
-                fail(&mut em, format!("error patching VM {target_name}: {why}"));
-                return Ok(done(em.finish(outcome)));
+                return Ok(step.failed(format!("error patching VM {target_name}: {why}")));
             }
         }
     }
@@ -651,7 +611,7 @@ fn progress(
         .as_deref()
         .and_then(|u| uuid::Uuid::parse_str(u).ok())
         .unwrap_or(identity.uuid);
-    em.emit(Event::CloneStarted(Box::new(CloneStarted {
+    step.emit(Event::CloneStarted(Box::new(CloneStarted {
         source_kind: source_ref.kind.clone(),
         source_name: source_ref.name.clone(),
         source_uid: captured.uid,
@@ -666,17 +626,14 @@ fn progress(
         macs: dataprotection::macs_payload(&identity.macs),
         at_ms: now,
     })));
-    let command = em.state.started.as_deref().and_then(target_command);
-    Ok(SagaDecision {
-        decision: em.finish(outcome),
-        next: match command {
-            Some(command) => Next::ApplyToTarget {
-                stream: streams::vm(&ns, &target_name),
-                command,
-            },
-            None => Next::WaitForChange,
+    let command = step.state().started.as_deref().and_then(target_command);
+    Ok(step.then(match command {
+        Some(command) => Next::ApplyToTarget {
+            stream: streams::vm(&ns, &target_name),
+            command,
         },
-    })
+        None => Next::WaitForChange,
+    }))
 }
 
 fn filter_meta(map: &mut Option<JsonMap>, filters: Option<&[String]>, keep: &[&str]) {

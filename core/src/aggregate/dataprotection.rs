@@ -1,7 +1,8 @@
 //! What snapshot, restore and clone share: the saga step the gateway runs next ([`Next`],
 //! [`SagaDecision`]), the typed views of their specs with KubeVirt's admission rules
 //! (every cause with its field path), KubeVirt's condition shape, and the conversions between
-//! a VM's captured revisions and event payloads.
+//! a VM's captured revisions and event payloads, and the opening of a restore's or clone's
+//! `Progress` (`open_saga`).
 //!
 //! Disk contents are out of scope (semantics §5): these objects cover the control plane's state
 //! (spec, identity, instancetype/preference revisions). `volumeRestorePolicy`,
@@ -9,17 +10,20 @@
 //! not interpreted.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::aggregate::Emitter;
 use crate::aggregate::object::{self, ObjectCommand, ObjectState};
 use crate::aggregate::vm::{Captured, VmCommand};
 use crate::ctx::Ctx;
-use crate::decision::Decision;
+use crate::decision::{Decision, Outcome};
 use crate::error::{Category, Cause, Causes, Rejection, codes};
 use crate::event::payload::MacAddressV1;
 use crate::event::{Event, RevisionCaptured};
+use crate::features::{self, Features};
 use crate::jsonpatch::{self, PatchOp};
 use crate::limits::{CLONE_FILTERS_MAX, PATCHES_MAX};
 use crate::types::{GenericObject, Instancetype, Kind, Manifest, Preference};
@@ -58,6 +62,14 @@ pub struct SagaDecision {
     pub decision: Decision,
     /// The next step.
     pub next: Next,
+}
+
+/// A saga step with nothing more to do after `decision`.
+pub(crate) fn done(decision: Decision) -> SagaDecision {
+    SagaDecision {
+        decision,
+        next: Next::Done,
+    }
 }
 
 /// A `{apiGroup, kind, name}` reference as written.
@@ -405,4 +417,169 @@ pub(crate) fn delete(
     ctx: &mut Ctx,
 ) -> Result<Decision, Rejection> {
     object::decide(state, &ObjectCommand::Delete(expected_generation), ctx)
+}
+
+/// The folded state of a saga's stream (restore, clone): what [`open_saga`] needs to know of it.
+pub(crate) trait Saga: Clone + Default {
+    /// The kind its manifest must be.
+    const KIND: Kind;
+    /// Its name in failure reasons (`the stored clone has no readable spec`).
+    const NAME: &'static str;
+    /// Its typed spec.
+    type Spec: serde::de::DeserializeOwned;
+    /// The object (metadata, stored manifest, liveness).
+    fn object(&self) -> &ObjectState;
+    /// Succeeded or failed: a `Progress` that creates nothing has nothing left to do.
+    fn finished(&self) -> bool;
+    /// The stream's `evolve`.
+    fn evolve(self, event: &Event) -> Self;
+    /// KubeVirt's admission check of a manifest (every cause); the parsed `spec.patches`.
+    fn validate(manifest: &GenericObject) -> Result<Vec<PatchOp>, Rejection>;
+    /// The saga's `…Failed` event.
+    fn failed(reason: String, at_ms: i64) -> Event;
+
+    /// The stored spec, if readable.
+    fn stored_spec(&self) -> Option<Self::Spec> {
+        spec_view(stored(self.object())?).ok()
+    }
+}
+
+/// A saga's `Progress` under way: the events so far (the creation, if this step created the
+/// object), the outcome they will be recorded with, and the step's time.
+pub(crate) struct SagaStep<S> {
+    em: Emitter<S>,
+    outcome: Outcome,
+    now: i64,
+}
+
+impl<S: Saga> SagaStep<S> {
+    /// The state the events so far lead to.
+    pub(crate) fn state(&self) -> &S {
+        &self.em.state
+    }
+
+    /// The step's time (`ctx.now_ms()` once the object was admitted), for the events' `at_ms`.
+    pub(crate) fn now(&self) -> i64 {
+        self.now
+    }
+
+    /// Records an event.
+    pub(crate) fn emit(&mut self, event: Event) {
+        self.em.emit(event);
+    }
+
+    /// Records the saga's failure at the step's time.
+    pub(crate) fn fail(&mut self, reason: impl Into<String>) {
+        let failed = S::failed(reason.into(), self.now);
+        self.em.emit(failed);
+    }
+
+    /// The step's decision, then `next`.
+    pub(crate) fn then(self, next: Next) -> SagaDecision {
+        SagaDecision {
+            decision: self.em.finish(self.outcome),
+            next,
+        }
+    }
+
+    /// The step's decision; nothing more to do.
+    pub(crate) fn done(self) -> SagaDecision {
+        self.then(Next::Done)
+    }
+
+    /// Records the saga's failure and ends the step.
+    pub(crate) fn failed(mut self, reason: impl Into<String>) -> SagaDecision {
+        self.fail(reason);
+        self.done()
+    }
+
+    /// Fails the saga because its stored spec cannot be read (or lacks what the saga needs).
+    pub(crate) fn unreadable_spec(self) -> SagaDecision {
+        self.failed(format!("the stored {} has no readable spec", S::NAME))
+    }
+}
+
+/// A saga's `TargetRejected` once its plan is recorded (the caller checks that): the saga's
+/// `…Failed` event at `ctx.now_ms()`, `Outcome::Recorded`, `Done`, with the reason
+/// `<what>: <the rejection>`. A cause's holder (the stream holding a claim) is named only
+/// within the saga's own namespace: the saga acts for its requester, who may read that
+/// namespace only.
+pub(crate) fn target_rejected<S: Saga>(
+    state: &S,
+    what: &str,
+    rejection: &Rejection,
+    ctx: &Ctx,
+) -> SagaDecision {
+    let ns = state.object().namespace.as_deref();
+    let reason = format!(
+        "{what}: {}",
+        rejection.describe_for(|holder| holder.is_some() && holder == ns)
+    );
+    let step = SagaStep {
+        em: Emitter::new(state.clone(), S::evolve),
+        outcome: Outcome::Recorded,
+        now: ctx.now_ms(),
+    };
+    step.failed(reason)
+}
+
+/// What a saga's `Progress` goes on with once [`open_saga`] has admitted its object: the step
+/// (holding the creation event if this `Progress` made one), the parsed `spec.patches` (the
+/// manifest's, else the stored object's) and the stored spec.
+pub(crate) type OpenSaga<S> = (SagaStep<S>, Vec<PatchOp>, <S as Saga>::Spec);
+
+/// Opens a restore's or clone's `Progress`. Both sagas start every step the same way, so they
+/// share it here rather than each keeping a copy that could drift:
+///
+/// 1. the `Snapshot` feature gate must be enabled;
+/// 2. a given manifest must pass the saga's validation (its rejection is returned as is);
+/// 3. [`admit_manifest`]: the first `Progress` creates the object, a later one must carry the
+///    same spec or none;
+/// 4. a step that creates nothing on a finished saga is `Unchanged` and `Done`
+///    ([`ControlFlow::Break`]);
+/// 5. the creation event, if any, opens the step (`Outcome::Created`, else `Recorded`), whose
+///    time is `ctx.now_ms()`;
+/// 6. without a manifest the patches come from the stored object: a stored object that no
+///    longer validates fails the saga with the rejection's text, and one that is missing, or
+///    whose spec cannot be read, fails it with `the stored <saga> has no readable spec` —
+///    both recorded in this step's decision, `Done` ([`ControlFlow::Break`]).
+///
+/// Otherwise the step goes on ([`ControlFlow::Continue`]): [`OpenSaga`].
+pub(crate) fn open_saga<S: Saga>(
+    state: &S,
+    features: &Features,
+    manifest: Option<&GenericObject>,
+    ctx: &mut Ctx,
+) -> Result<ControlFlow<SagaDecision, OpenSaga<S>>, Rejection> {
+    features::require_feature(features, features::SNAPSHOT)?;
+    let patches = manifest.map(S::validate).transpose()?;
+    let created = admit_manifest(state.object(), manifest, S::KIND, ctx)?;
+    if created.is_none() && state.finished() {
+        return Ok(ControlFlow::Break(done(Decision::unchanged())));
+    }
+    let mut em = Emitter::new(state.clone(), S::evolve);
+    let outcome = match created {
+        Some(e) => {
+            em.emit(e);
+            Outcome::Created
+        }
+        None => Outcome::Recorded,
+    };
+    let step = SagaStep {
+        em,
+        outcome,
+        now: ctx.now_ms(),
+    };
+    let patches = match patches {
+        Some(p) => p,
+        None => match stored(step.state().object()).map(S::validate) {
+            Some(Ok(p)) => p,
+            Some(Err(r)) => return Ok(ControlFlow::Break(step.failed(r.to_string()))),
+            None => return Ok(ControlFlow::Break(step.unreadable_spec())),
+        },
+    };
+    let Some(spec) = step.state().stored_spec() else {
+        return Ok(ControlFlow::Break(step.unreadable_spec()));
+    };
+    Ok(ControlFlow::Continue((step, patches, spec)))
 }

@@ -37,19 +37,20 @@
 //! every restore stream; the target's expected generation catches concurrent puts instead) and
 //! its `status.restoreInProgress` on the VM, which blocks starting it meanwhile.
 
+use std::ops::ControlFlow;
+
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::Emitter;
-use super::dataprotection::{self, Next, ObjectRef, SagaDecision, condition, rfc3339};
+use super::dataprotection::{self, Next, ObjectRef, Saga, SagaDecision, condition, done, rfc3339};
 use super::object::{self, ObjectState};
 use super::snapshot::{SnapshotPhase, SnapshotState};
 use super::vm::{PutVm, VmCommand, VmState};
 use crate::ctx::Ctx;
-use crate::decision::{Decision, Outcome, streams};
+use crate::decision::{Decision, streams};
 use crate::error::{Causes, Rejection, codes};
 use crate::event::*;
-use crate::features::{self, Features};
+use crate::features::Features;
 use crate::firmware::{self, AssignedIdentity, FirmwareOrigin, legacy_firmware_uuid};
 use crate::jsonpatch::{self, PatchOp};
 use crate::lifecycle;
@@ -133,7 +134,7 @@ impl RestoreState {
 
     /// The stored spec, if readable.
     pub fn spec(&self) -> Option<RestoreSpecView> {
-        dataprotection::spec_view(dataprotection::stored(&self.object)?).ok()
+        self.stored_spec()
     }
 
     /// `<name>-<uid>`: the value of [`LAST_RESTORE_ANNOTATION`] on the restored VM.
@@ -143,6 +144,32 @@ impl RestoreState {
             self.object.name,
             self.object.uid.map(|u| u.to_string()).unwrap_or_default()
         )
+    }
+}
+
+impl Saga for RestoreState {
+    const KIND: Kind = Kind::VirtualMachineRestore;
+    const NAME: &'static str = "restore";
+    type Spec = RestoreSpecView;
+
+    fn object(&self) -> &ObjectState {
+        &self.object
+    }
+
+    fn finished(&self) -> bool {
+        self.is_finished()
+    }
+
+    fn evolve(self, event: &Event) -> Self {
+        evolve(self, event)
+    }
+
+    fn validate(manifest: &GenericObject) -> Result<Vec<PatchOp>, Rejection> {
+        validate(manifest)
+    }
+
+    fn failed(reason: String, at_ms: i64) -> Event {
+        Event::RestoreFailed(RestoreFailed { reason, at_ms })
     }
 }
 
@@ -251,10 +278,11 @@ pub fn decide(
     match command {
         RestoreCommand::Delete {
             expected_generation,
-        } => Ok(SagaDecision {
-            decision: dataprotection::delete(&state.object, *expected_generation, ctx)?,
-            next: Next::Done,
-        }),
+        } => Ok(done(dataprotection::delete(
+            &state.object,
+            *expected_generation,
+            ctx,
+        )?)),
         RestoreCommand::TargetRejected { rejection } => {
             if !state.is_live() || state.is_finished() {
                 return Ok(done(Decision::unchanged()));
@@ -265,27 +293,14 @@ pub fn decide(
                     next: Next::WaitForChange,
                 });
             }
-            let mut em = Emitter::new(state.clone(), evolve);
-            em.emit(Event::RestoreFailed(RestoreFailed {
-                // The saga acts for its requester, who may read the restore's namespace
-                // only: a holder elsewhere is not named in what the restore records.
-                reason: format!(
-                    "target VirtualMachine update failed: {}",
-                    rejection
-                        .describe_for(|ns| ns.is_some() && ns == state.object.namespace.as_deref())
-                ),
-                at_ms: ctx.now_ms(),
-            }));
-            Ok(done(em.finish(Outcome::Recorded)))
+            Ok(dataprotection::target_rejected(
+                state,
+                "target VirtualMachine update failed",
+                rejection,
+                ctx,
+            ))
         }
         RestoreCommand::Progress(input) => progress(state, input, ctx),
-    }
-}
-
-fn done(decision: Decision) -> SagaDecision {
-    SagaDecision {
-        decision,
-        next: Next::Done,
     }
 }
 
@@ -302,63 +317,27 @@ fn progress(
     input: &RestoreInput,
     ctx: &mut Ctx,
 ) -> Result<SagaDecision, Rejection> {
-    features::require_feature(&input.features, features::SNAPSHOT)?;
-    let patches = match &input.manifest {
-        Some(m) => Some(validate(m)?),
-        None => None,
-    };
-    let created = dataprotection::admit_manifest(
-        &state.object,
-        input.manifest.as_ref(),
-        Kind::VirtualMachineRestore,
-        ctx,
-    )?;
-    if created.is_none() && state.is_finished() {
-        return Ok(done(Decision::unchanged()));
-    }
-    let mut em = Emitter::new(state.clone(), evolve);
-    let outcome = match created {
-        Some(e) => {
-            em.emit(e);
-            Outcome::Created
-        }
-        None => Outcome::Recorded,
-    };
-    let now = ctx.now_ms();
-    let fail = |em: &mut Emitter<RestoreState>, reason: String| {
-        em.emit(Event::RestoreFailed(RestoreFailed { reason, at_ms: now }));
-    };
-    let stored = dataprotection::stored(&em.state.object).cloned();
-    let patches = match (patches, stored.as_ref().map(validate)) {
-        (Some(p), _) | (None, Some(Ok(p))) => p,
-        (None, Some(Err(r))) => {
-            fail(&mut em, r.to_string());
-            return Ok(done(em.finish(outcome)));
-        }
-        (None, None) => {
-            fail(&mut em, "the stored restore has no readable spec".into());
-            return Ok(done(em.finish(outcome)));
-        }
-    };
-    let Some(spec) = em.state.spec() else {
-        fail(&mut em, "the stored restore has no readable spec".into());
-        return Ok(done(em.finish(outcome)));
-    };
-    let ns = dataprotection::namespace_of(&em.state.object);
+    let (mut step, patches, spec) =
+        match dataprotection::open_saga(state, &input.features, input.manifest.as_ref(), ctx)? {
+            ControlFlow::Continue(open) => open,
+            ControlFlow::Break(decided) => return Ok(decided),
+        };
+    let now = step.now();
+    let ns = dataprotection::namespace_of(&step.state().object);
     check_inputs(&spec, &ns, input)?;
     let target = &input.target;
     let target_stream = streams::vm(&ns, &spec.target.name);
 
     // Step 3 (or a retry of step 2): the plan exists.
-    if let Some(started) = em.state.started.clone() {
+    if let Some(started) = step.state().started.clone() {
         if target.is_live()
             && target
                 .vm
                 .as_ref()
                 .and_then(|v| v.metadata.annotation(LAST_RESTORE_ANNOTATION))
-                == Some(em.state.marker().as_str())
+                == Some(step.state().marker().as_str())
         {
-            em.emit(Event::RestoreCompleted(RestoreCompleted {
+            step.emit(Event::RestoreCompleted(RestoreCompleted {
                 target_uid: target.uid.unwrap_or_default(),
                 target_generation: target.generation,
                 firmware_uuid: target
@@ -367,20 +346,14 @@ fn progress(
                     .map_or(started.firmware_uuid, |f| f.uuid),
                 at_ms: now,
             }));
-            return Ok(done(em.finish(outcome)));
+            return Ok(step.done());
         }
         return Ok(match target_command(&started) {
-            Some(command) => SagaDecision {
-                decision: em.finish(outcome),
-                next: Next::ApplyToTarget {
-                    stream: target_stream,
-                    command,
-                },
-            },
-            None => {
-                fail(&mut em, "the recorded restore plan is unreadable".into());
-                done(em.finish(outcome))
-            }
+            Some(command) => step.then(Next::ApplyToTarget {
+                stream: target_stream,
+                command,
+            }),
+            None => step.failed("the recorded restore plan is unreadable"),
         });
     }
 
@@ -388,34 +361,23 @@ fn progress(
     let snapshot = &input.snapshot;
     let snap_name = &spec.virtual_machine_snapshot_name;
     if !snapshot.is_live() {
-        fail(
-            &mut em,
-            format!("VirtualMachineSnapshot {snap_name} does not exist in namespace {ns}"),
-        );
-        return Ok(done(em.finish(outcome)));
+        return Ok(step.failed(format!(
+            "VirtualMachineSnapshot {snap_name} does not exist in namespace {ns}"
+        )));
     }
     match snapshot.phase() {
         SnapshotPhase::Failed => {
-            fail(
-                &mut em,
-                format!("VirtualMachineSnapshot {snap_name} failed"),
-            );
-            return Ok(done(em.finish(outcome)));
+            return Ok(step.failed(format!("VirtualMachineSnapshot {snap_name} failed")));
         }
         SnapshotPhase::InProgress => {
-            return Ok(SagaDecision {
-                decision: em.finish(outcome),
-                next: Next::WaitForChange,
-            });
+            return Ok(step.then(Next::WaitForChange));
         }
         SnapshotPhase::Succeeded => {}
     }
     let (Some(taken), Some(snap_vm)) = (snapshot.taken.as_ref(), snapshot.vm()) else {
-        fail(
-            &mut em,
-            format!("VirtualMachineSnapshot {snap_name} has no readable VM"),
-        );
-        return Ok(done(em.finish(outcome)));
+        return Ok(step.failed(format!(
+            "VirtualMachineSnapshot {snap_name} has no readable VM"
+        )));
     };
 
     // Is the target this snapshot's VM, a new VM, or someone else's?
@@ -425,36 +387,33 @@ fn progress(
             None => target.name == taken.source_name,
         };
     if target.is_live() && !same_vm {
-        fail(&mut em, RESTORE_TO_EXISTING_TARGET.into());
-        return Ok(done(em.finish(outcome)));
+        return Ok(step.failed(RESTORE_TO_EXISTING_TARGET));
     }
 
     // Target readiness: a running target is handled by the policy.
     if let Some(vmi) = target.active_vmi() {
         let policy = spec.target_readiness_policy.unwrap_or_default();
-        let seen = em
-            .state
+        let seen = step
+            .state()
             .found_running
             .iter()
             .find(|f| f.vmi_uid == vmi.uid)
             .cloned();
-        let since = em.state.waiting_since_ms.unwrap_or(now);
+        let since = step.state().waiting_since_ms.unwrap_or(now);
         match policy {
             ReadinessPolicy::FailImmediate => {
-                fail(&mut em, TARGET_NOT_READY.into());
-                return Ok(done(em.finish(outcome)));
+                return Ok(step.failed(TARGET_NOT_READY));
             }
             ReadinessPolicy::WaitGracePeriod
                 if now.saturating_sub(since) >= RESTORE_TARGET_GRACE_PERIOD_SECONDS * 1000 =>
             {
-                fail(&mut em, GRACE_PERIOD_EXCEEDED.into());
-                return Ok(done(em.finish(outcome)));
+                return Ok(step.failed(GRACE_PERIOD_EXCEEDED));
             }
             _ => {}
         }
         let stop = policy == ReadinessPolicy::StopTarget;
         if seen.is_none() {
-            em.emit(Event::RestoreTargetFoundRunning(
+            step.emit(Event::RestoreTargetFoundRunning(
                 RestoreTargetFoundRunning {
                     vmi_uid: vmi.uid,
                     policy: policy.as_str().to_owned(),
@@ -475,10 +434,7 @@ fn progress(
             },
             _ => Next::WaitForChange,
         };
-        return Ok(SagaDecision {
-            decision: em.finish(outcome),
-            next,
-        });
+        return Ok(step.then(next));
     }
 
     // The plan: the VM to put, with its identity.
@@ -519,22 +475,18 @@ fn progress(
     vm.metadata
         .annotations
         .get_or_insert_with(Default::default)
-        .insert(LAST_RESTORE_ANNOTATION.into(), em.state.marker().into());
+        .insert(LAST_RESTORE_ANNOTATION.into(), step.state().marker().into());
     firmware::apply_identity(&mut vm, &identity);
     if !target.is_live() && !patches.is_empty() {
         match patch_vm(&vm, &patches) {
             Ok(p) => vm = p,
             Err(why) => {
-                fail(
-                    &mut em,
-                    format!("error patching VM {}: {why}", spec.target.name),
-                );
-                return Ok(done(em.finish(outcome)));
+                return Ok(step.failed(format!("error patching VM {}: {why}", spec.target.name)));
             }
         }
     }
     let identity = effective_identity(&vm, identity);
-    em.emit(Event::RestoreStarted(Box::new(RestoreStarted {
+    step.emit(Event::RestoreStarted(Box::new(RestoreStarted {
         snapshot_name: snap_name.clone(),
         snapshot_uid: snapshot.object.uid,
         target_name: spec.target.name.clone(),
@@ -550,20 +502,14 @@ fn progress(
         identity_regenerated: identity.regenerated,
         at_ms: now,
     })));
-    let started = em.state.started.clone();
+    let started = step.state().started.clone();
     let command = started.as_deref().and_then(target_command);
     Ok(match command {
-        Some(command) => SagaDecision {
-            decision: em.finish(outcome),
-            next: Next::ApplyToTarget {
-                stream: target_stream,
-                command,
-            },
-        },
-        None => SagaDecision {
-            decision: em.finish(outcome),
-            next: Next::WaitForChange,
-        },
+        Some(command) => step.then(Next::ApplyToTarget {
+            stream: target_stream,
+            command,
+        }),
+        None => step.then(Next::WaitForChange),
     })
 }
 

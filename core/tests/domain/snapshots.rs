@@ -158,6 +158,47 @@ impl World {
         self.take(snapshot_manifest(name, vm)).unwrap()
     }
 
+    /// Creates a snapshot, restore or clone through the generic object path (`ObjectCreated`
+    /// only: no saga step, none of the saga's own admission rules).
+    fn create_object(&mut self, kind: types::Kind, manifest: GenericObject) {
+        let stream = streams::for_object(kind, "default", manifest.metadata.name_str());
+        let d = object::decide(
+            &self
+                .events(&stream)
+                .iter()
+                .fold(ObjectState::default(), object::evolve),
+            &ObjectCommand::Create(Box::new(Manifest::Object(kind, Box::new(manifest)))),
+            &mut self.ctx,
+        )
+        .unwrap();
+        self.append(&stream, &d).unwrap();
+    }
+
+    /// A snapshot of `vm` created through the object path: `InProgress` until taken.
+    fn snapshot_in_progress(&mut self, vm: &str, name: &str) {
+        self.create_object(
+            types::Kind::VirtualMachineSnapshot,
+            snapshot_manifest(name, vm),
+        );
+    }
+
+    /// Takes a snapshot created earlier (the driver's `Take`, without a manifest).
+    fn take_pending(&mut self, vm: &str, name: &str) {
+        let d = snapshot::decide(
+            &self.snapshot(name),
+            &SnapshotCommand::Take(Box::new(TakeSnapshot {
+                manifest: None,
+                source: self.vm(vm),
+                source_position: self.position(),
+                features: self.features.clone(),
+            })),
+            &mut self.ctx,
+        )
+        .unwrap();
+        self.append(&format!("snapshot/default/{name}"), &d)
+            .unwrap();
+    }
+
     /// Saga step 1/3 of a restore: read the snapshot, the target and the UUID's holder, decide
     /// `Progress`, append to the restore stream.
     fn restore_step(
@@ -1209,6 +1250,120 @@ fn restore_patches_apply_to_a_new_target_only() {
     );
 }
 
+#[test]
+fn restore_resumed_without_a_manifest_applies_the_stored_patches_to_the_new_vm() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Halted"));
+    w.snapshot_in_progress("larry", "snap-larry");
+    let patches = "  patches:\n  - '{\"op\": \"replace\", \"path\": \"/metadata/labels/app\", \"value\": \"copy\"}'\n";
+    // The first step creates the restore and waits for the snapshot: no plan yet.
+    let trace = w
+        .drive_restore(
+            "r",
+            Some(restore_manifest("r", "snap-larry", "larry-copy", patches)),
+        )
+        .unwrap();
+    assert_eq!(trace, [Next::WaitForChange]);
+    assert!(w.restore("r").started.is_none());
+    // The snapshot is taken; the gateway resumes the restore (as after a restart) without
+    // the manifest: the patches come from the stored restore.
+    w.take_pending("larry", "snap-larry");
+    assert_eq!(
+        w.drive_restore("r", None).unwrap().last(),
+        Some(&Next::Done)
+    );
+    assert!(w.restore("r").completed.is_some());
+    assert_eq!(
+        w.vm("larry-copy").vm.unwrap().metadata.label("app"),
+        Some("copy")
+    );
+}
+
+#[test]
+fn restore_target_rejected_fails_the_restore_only_while_its_plan_is_pending() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Halted"));
+    w.snapshot_of("larry", "snap-larry");
+    let rejected = |holder: &str| RestoreCommand::TargetRejected {
+        rejection: Rejection::firmware_uuid_taken("u", holder),
+    };
+    // Before the plan (a refused Stop under StopTarget): nothing recorded, Progress again.
+    w.create_object(
+        types::Kind::VirtualMachineRestore,
+        restore_manifest("idle", "snap-larry", "idle-copy", ""),
+    );
+    let idle = restore::decide(&w.restore("idle"), &rejected("vm/default/x"), &mut w.ctx).unwrap();
+    assert_eq!(
+        (idle.decision, idle.next),
+        (Decision::unchanged(), Next::WaitForChange)
+    );
+    // With the plan recorded, a refused target command fails the restore when refused, naming
+    // no holder outside the restore's namespace.
+    let d = w
+        .restore_step(
+            "r",
+            Some(restore_manifest("r", "snap-larry", "larry-copy", "")),
+        )
+        .unwrap();
+    assert!(matches!(d.next, Next::ApplyToTarget { .. }), "{:?}", d.next);
+    w.ctx.advance_secs(7);
+    let r = restore::decide(&w.restore("r"), &rejected("vm/other/y"), &mut w.ctx).unwrap();
+    assert_eq!(types_of(&r.decision), ["RestoreFailed"]);
+    assert_eq!(r.decision.outcome, Outcome::Recorded);
+    assert_eq!(r.next, Next::Done);
+    w.append("restore/default/r", &r.decision).unwrap();
+    let failed = w.restore("r").failed.unwrap();
+    assert_eq!(
+        failed.reason,
+        "target VirtualMachine update failed: spec.template.spec.domain.firmware.uuid: firmware UUID u is already used by another object"
+    );
+    assert_eq!(failed.at_ms, w.ctx.now_ms(), "recorded when rejected");
+    assert!(failed.at_ms > started(&w, "r").at_ms);
+    // Finished: a late rejection changes nothing.
+    let late = restore::decide(&w.restore("r"), &rejected("vm/default/x"), &mut w.ctx).unwrap();
+    assert_eq!(
+        (late.decision, late.next),
+        (Decision::unchanged(), Next::Done)
+    );
+}
+
+/// `spec.patches` that a restore's and a clone's admission refuse (a path outside `/spec/`).
+/// Stored through the object path ([`World::create_object`], which checks metadata only), it
+/// makes a saga object that no longer validates, as one admitted by older, looser rules would.
+fn bad_patch() -> &'static str {
+    "  patches:\n  - '{\"op\": \"replace\", \"path\": \"/metadata/name\", \"value\": \"x\"}'\n"
+}
+
+#[test]
+fn restore_whose_stored_object_no_longer_validates_fails_with_the_reason() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Halted"));
+    w.snapshot_of("larry", "snap-larry");
+    let m = restore_manifest("r", "snap-larry", "larry-copy", bad_patch());
+    let why = restore::validate(&m).unwrap_err().to_string();
+    assert!(
+        why.starts_with("spec.patches[0]: patching is valid only for elements under /spec/"),
+        "{why}"
+    );
+    w.create_object(types::Kind::VirtualMachineRestore, m);
+    let d = w.restore_step("r", None).unwrap();
+    assert_eq!(types_of(&d.decision), ["RestoreFailed"]);
+    assert_eq!(d.decision.outcome, Outcome::Recorded);
+    assert_eq!(d.next, Next::Done);
+    let failed = w.restore("r").failed.unwrap();
+    assert_eq!(failed.reason, why);
+    assert_eq!(failed.at_ms, w.ctx.now_ms());
+    let s = status_of(restore::render_restore(&w.restore("r")));
+    assert_eq!(condition(&s, "Failure")["reason"], why.as_str());
+    assert!(!w.vm("larry-copy").is_live(), "no target created");
+    // Finished: the next step has nothing to do.
+    let again = w.restore_step("r", None).unwrap();
+    assert_eq!(
+        (again.decision, again.next),
+        (Decision::unchanged(), Next::Done)
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Clone (row 11, filters, patches)
 // ---------------------------------------------------------------------------------------------
@@ -1449,16 +1604,7 @@ fn clone_without_target_generates_a_name_and_waits_for_a_snapshot_in_progress() 
     let mut w = World::new();
     w.create_vm(small_vm("larry", "Halted"));
     // A snapshot created through the object path, not taken yet.
-    let d = object::decide(
-        &ObjectState::default(),
-        &ObjectCommand::Create(Box::new(Manifest::Object(
-            types::Kind::VirtualMachineSnapshot,
-            Box::new(snapshot_manifest("snap", "larry")),
-        ))),
-        &mut w.ctx,
-    )
-    .unwrap();
-    w.append("snapshot/default/snap", &d).unwrap();
+    w.snapshot_in_progress("larry", "snap");
     let m = object_yaml(
         "apiVersion: clone.kubevirt.io/v1beta1\nkind: VirtualMachineClone\nmetadata: {name: c}\nspec:\n  source: {apiGroup: snapshot.kubevirt.io, kind: VirtualMachineSnapshot, name: snap}\n",
     );
@@ -1467,18 +1613,7 @@ fn clone_without_target_generates_a_name_and_waits_for_a_snapshot_in_progress() 
     assert_eq!(st["phase"], "SnapshotInProgress");
     assert_eq!(condition(&st, "Progressing")["reason"], "Still processing");
     // The snapshot is taken; the clone goes on under a generated name.
-    let take = snapshot::decide(
-        &w.snapshot("snap"),
-        &SnapshotCommand::Take(Box::new(TakeSnapshot {
-            manifest: None,
-            source: w.vm("larry"),
-            source_position: w.position(),
-            features: Features::defaults(),
-        })),
-        &mut w.ctx,
-    )
-    .unwrap();
-    w.append("snapshot/default/snap", &take).unwrap();
+    w.take_pending("larry", "snap");
     assert_eq!(w.drive_clone("c", None).unwrap().last(), Some(&Next::Done));
     let name = w.clone_state("c").started.unwrap().target_name;
     assert!(
@@ -1581,6 +1716,159 @@ fn clone_patches_apply_last_and_a_failing_patch_fails_the_clone() {
         "{reason}"
     );
     assert!(!w.vm("copy2").is_live());
+}
+
+#[test]
+fn clone_resumed_without_a_manifest_applies_the_stored_patches() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Halted"));
+    w.snapshot_in_progress("larry", "snap");
+    let patches = "  patches:\n  - '{\"op\": \"add\", \"path\": \"/metadata/labels/tier\", \"value\": \"web\"}'\n";
+    // The first step creates the clone and waits for the snapshot: no plan yet.
+    let trace = w
+        .drive_clone(
+            "c",
+            Some(clone_manifest(
+                "c",
+                "VirtualMachineSnapshot",
+                "snap",
+                "copy",
+                patches,
+            )),
+        )
+        .unwrap();
+    assert_eq!(trace, [Next::WaitForChange]);
+    assert!(w.clone_state("c").started.is_none());
+    // The snapshot is taken; the gateway resumes the clone without the manifest: the patches
+    // come from the stored clone.
+    w.take_pending("larry", "snap");
+    assert_eq!(w.drive_clone("c", None).unwrap().last(), Some(&Next::Done));
+    assert!(w.clone_state("c").succeeded.is_some());
+    let vm = w.vm("copy").vm.unwrap();
+    assert_eq!(vm.metadata.label("tier"), Some("web"));
+    assert_eq!(vm.metadata.label("app"), Some("demo"), "the rest is copied");
+}
+
+#[test]
+fn clone_whose_stored_object_no_longer_validates_fails_with_the_reason() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Halted"));
+    let m = clone_manifest("c", "VirtualMachine", "larry", "copy", bad_patch());
+    let why = clone::validate(&m).unwrap_err().to_string();
+    assert!(
+        why.starts_with("spec.patches[0]: patching is valid only for elements under /spec/"),
+        "{why}"
+    );
+    w.create_object(types::Kind::VirtualMachineClone, m);
+    let d = w.clone_step("c", None).unwrap();
+    assert_eq!(types_of(&d.decision), ["CloneFailed"]);
+    assert_eq!(d.decision.outcome, Outcome::Recorded);
+    assert_eq!(d.next, Next::Done);
+    let failed = w.clone_state("c").failed.unwrap();
+    assert_eq!(failed.reason, why);
+    assert_eq!(failed.at_ms, w.ctx.now_ms());
+    let st = status_of(clone::render_clone(&w.clone_state("c")));
+    assert_eq!(st["phase"], "Failed");
+    assert_eq!(condition(&st, "Ready")["message"], why.as_str());
+    assert!(!w.vm("copy").is_live(), "no target created");
+    let again = w.clone_step("c", None).unwrap();
+    assert_eq!(
+        (again.decision, again.next),
+        (Decision::unchanged(), Next::Done)
+    );
+}
+
+#[test]
+fn clone_target_rejected_fails_the_clone_naming_only_holders_in_its_namespace() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Halted"));
+    // Before it starts there is nothing to fail.
+    w.create_object(
+        types::Kind::VirtualMachineClone,
+        clone_manifest("idle", "VirtualMachine", "larry", "idle-copy", ""),
+    );
+    let idle = clone::decide(
+        &w.clone_state("idle"),
+        &CloneCommand::TargetRejected {
+            rejection: Rejection::firmware_uuid_taken("u", "vm/default/x"),
+        },
+        &mut w.ctx,
+    )
+    .unwrap();
+    assert_eq!(
+        (idle.decision, idle.next),
+        (Decision::unchanged(), Next::Done)
+    );
+    // Step 1 records the plan…
+    let d = w
+        .clone_step(
+            "c",
+            Some(clone_manifest("c", "VirtualMachine", "larry", "copy", "")),
+        )
+        .unwrap();
+    let Next::ApplyToTarget { stream, command } = d.next else {
+        panic!("{:?}", d.next)
+    };
+    // …then, before the target append, another VM takes the planned UUID.
+    let planned = w.clone_state("c").started.unwrap().firmware_uuid;
+    let mut thief = small_vm("thief", "Halted");
+    thief.firmware_mut().uuid = Some(planned.to_string());
+    w.create_vm(thief);
+    let vd = vm::decide(&vm::fold(&w.events(&stream)), &command, &mut w.ctx).unwrap();
+    let rejection = w.append(&stream, &vd).unwrap_err();
+    assert!(rejection.has_code(codes::FIRMWARE_UUID_TAKEN));
+    w.ctx.advance_secs(7);
+    let state = w.clone_state("c");
+    let elsewhere = clone::decide(
+        &state,
+        &CloneCommand::TargetRejected {
+            rejection: Rejection::firmware_uuid_taken(&planned.to_string(), "vm/other/y"),
+        },
+        &mut w.ctx,
+    )
+    .unwrap();
+    let Event::CloneFailed(f) = &elsewhere.decision.events[0] else {
+        panic!("{:?}", elsewhere.decision)
+    };
+    assert!(
+        f.reason.contains("already used by another object"),
+        "{}",
+        f.reason
+    );
+    assert!(!f.reason.contains("vm/other/y"), "{}", f.reason);
+    let r = clone::decide(
+        &state,
+        &CloneCommand::TargetRejected { rejection },
+        &mut w.ctx,
+    )
+    .unwrap();
+    assert_eq!(types_of(&r.decision), ["CloneFailed"]);
+    assert_eq!(r.decision.outcome, Outcome::Recorded);
+    assert_eq!(r.next, Next::Done);
+    w.append("clone/default/c", &r.decision).unwrap();
+    let failed = w.clone_state("c").failed.unwrap();
+    assert_eq!(
+        failed.reason,
+        format!(
+            "creating the target VirtualMachine failed: spec.template.spec.domain.firmware.uuid: firmware UUID {planned} is already used by vm/default/thief"
+        )
+    );
+    assert_eq!(failed.at_ms, w.ctx.now_ms(), "recorded when rejected");
+    assert!(failed.at_ms > w.clone_state("c").started.unwrap().at_ms);
+    assert!(!w.vm("copy").is_live());
+    // Finished: a late rejection changes nothing.
+    let late = clone::decide(
+        &w.clone_state("c"),
+        &CloneCommand::TargetRejected {
+            rejection: Rejection::firmware_uuid_taken("u", "vm/default/x"),
+        },
+        &mut w.ctx,
+    )
+    .unwrap();
+    assert_eq!(
+        (late.decision, late.next),
+        (Decision::unchanged(), Next::Done)
+    );
 }
 
 #[test]
