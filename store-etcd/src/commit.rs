@@ -44,7 +44,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 use vmplane_store::hash::event_hash;
-use vmplane_store::log::decide_claims;
+use vmplane_store::log::decide_append;
 use vmplane_store::{
     AppendRequest, AppendResult, Error, Fence, Position, RecordedEventRef, Result,
 };
@@ -728,7 +728,8 @@ impl Committer {
     }
 
     /// How `request` fares against the index, the claim cache and the effects of the groups in
-    /// flight and of the requests before it in its group.
+    /// flight and of the requests before it in its group: this backend's lookups, decided by
+    /// [`decide_append`] like on every backend.
     fn decide(&self, index: &LogIndex, overlay: &Overlay, request: &AppendRequest) -> Decision {
         let locations: Vec<Option<IdLocation>> = request
             .events
@@ -742,30 +743,7 @@ impl Committer {
                     .or_else(|| index.id(&e.id))
             })
             .collect();
-        let committed = locations.iter().filter(|l| l.is_some()).count();
-        if committed == request.events.len() {
-            let at: Vec<_> = locations
-                .iter()
-                .map(|l| l.as_ref().map(IdLocation::at))
-                .collect();
-            return match vmplane_store::log::replay_or_reuse(request, &at) {
-                Ok(replayed) => Decision::Replay(replayed),
-                Err(err) => Decision::Reject(err),
-            };
-        }
-        if committed > 0 {
-            let (done, not_done): (Vec<_>, Vec<_>) = request
-                .events
-                .iter()
-                .zip(&locations)
-                .partition(|(_, location)| location.is_some());
-            return Decision::Reject(Error::PartiallyCommitted {
-                stream: request.stream.clone(),
-                committed: done.into_iter().map(|(e, _)| e.id).collect(),
-                not_written: not_done.into_iter().map(|(e, _)| e.id).collect(),
-            });
-        }
-        let actual = match overlay
+        let stream_revision = || match overlay
             .heads
             .get(&request.stream)
             .or_else(|| self.speculative.heads.get(&request.stream))
@@ -773,46 +751,27 @@ impl Committer {
             Some(revision) => Some(*revision),
             None => index.stream_revision(&request.stream),
         };
-        if !request.expected.admits(actual) {
-            return Decision::Reject(Error::Conflict {
-                stream: request.stream.clone(),
-                expected: request.expected,
-                actual,
-                not_written: request.event_ids(),
-            });
-        }
-        let change = |key: &str| {
-            overlay
-                .claims
-                .get(key)
-                .or_else(|| self.speculative.claims.get(key))
-                .or_else(|| self.claims.get(key))
-        };
         // `load` put every claim of the group in the cache; deciding without one would guess,
         // so a missing one fails the request instead.
-        if let Some(claim) = request.claims.iter().find(|c| change(c.key()).is_none()) {
-            return Decision::Reject(Error::Storage {
+        let holder = |key: &str| match overlay
+            .claims
+            .get(key)
+            .or_else(|| self.speculative.claims.get(key))
+            .or_else(|| self.claims.get(key))
+        {
+            Some(change) => Ok(change.clone()),
+            None => Err(Error::Storage {
                 context: "deciding an append",
-                reason: format!(
-                    "the holder of claim {} was not loaded from etcd",
-                    claim.key()
-                ),
-            });
-        }
-        let holder = |key: &str| change(key).cloned().flatten();
-        match decide_claims(&request.claims, &holder) {
-            Err((key, holder)) => Decision::Reject(Error::ClaimTaken {
-                key,
-                holder,
-                not_written: request.event_ids(),
+                reason: format!("the holder of claim {key} was not loaded from etcd"),
             }),
-            Ok(claims) => Decision::Accept {
-                first_revision: actual.unwrap_or(0) + 1,
-                first_position: overlay.next_position,
-                count: request.events.len() as u64,
-                claims,
-            },
-        }
+        };
+        decide_append(
+            request,
+            &locations,
+            stream_revision,
+            &holder,
+            overlay.next_position,
+        )
     }
 
     /// The group's transaction.

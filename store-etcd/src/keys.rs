@@ -169,9 +169,9 @@ pub(crate) struct IdLocation {
     pub stream: Arc<str>,
 }
 
-impl IdLocation {
-    /// This entry as the backend-neutral [`vmplane_store::log::IdAt`].
-    pub(crate) fn at(&self) -> vmplane_store::log::IdAt<'_> {
+/// This entry as the backend-neutral [`vmplane_store::log::IdAt`].
+impl vmplane_store::log::AsIdAt for IdLocation {
+    fn at(&self) -> vmplane_store::log::IdAt<'_> {
         vmplane_store::log::IdAt {
             stream: &self.stream,
             position: self.position,

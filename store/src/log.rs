@@ -410,6 +410,103 @@ pub struct IdAt<'a> {
     pub revision: Revision,
 }
 
+/// A backend's id-index entry, seen as an [`IdAt`]: what [`decide_append`] reads locations
+/// through, so a backend hands over its own entries without converting them first.
+pub trait AsIdAt {
+    /// Where the id stands.
+    fn at(&self) -> IdAt<'_>;
+}
+
+impl AsIdAt for IdAt<'_> {
+    fn at(&self) -> IdAt<'_> {
+        *self
+    }
+}
+
+/// How one append fares against a backend's view of the log: the decision itself, written once.
+/// Every backend's committer decides through it, so they decide identically by construction;
+/// a backend supplies only its lookups, through whatever overlays, caches and indexes it keeps
+/// (the effects of the requests before this one in its group included).
+///
+/// - `locations[i]`: where event `i`'s id is already committed, if it is.
+/// - `stream_revision()`: the stream's current revision; asked only once the ids are known to
+///   be new (a replay or a reuse never needs it).
+/// - `holder(key)`: who holds a claim key now (`Ok(None)`: nobody). Every claim's holder is asked
+///   in order before any claim is decided; an `Err` (a backend that cannot tell) refuses the
+///   append with it.
+/// - `next_position`: the position the append's first event would get.
+///
+/// In order: all ids committed → [`replay_or_reuse`]; some → [`Error::PartiallyCommitted`];
+/// a revision `request.expected` does not admit → [`Error::Conflict`]; a claim held by another
+/// owner → [`Error::ClaimTaken`] ([`decide_claims`]); else accepted at `actual + 1` and
+/// `next_position`.
+pub fn decide_append<L: AsIdAt>(
+    request: &AppendRequest,
+    locations: &[Option<L>],
+    stream_revision: impl FnOnce() -> Option<Revision>,
+    holder: &dyn Fn(&str) -> Result<Option<String>>,
+    next_position: u64,
+) -> AppendDecision {
+    let committed = locations.iter().filter(|l| l.is_some()).count();
+    if committed == request.events.len() {
+        let at: Vec<_> = locations
+            .iter()
+            .map(|l| l.as_ref().map(AsIdAt::at))
+            .collect();
+        return match replay_or_reuse(request, &at) {
+            Ok(replayed) => AppendDecision::Replay(replayed),
+            Err(err) => AppendDecision::Reject(err),
+        };
+    }
+    if committed > 0 {
+        let (done, not_done): (Vec<_>, Vec<_>) = request
+            .events
+            .iter()
+            .zip(locations)
+            .partition(|(_, location)| location.is_some());
+        return AppendDecision::Reject(Error::PartiallyCommitted {
+            stream: request.stream.clone(),
+            committed: done.into_iter().map(|(event, _)| event.id).collect(),
+            not_written: not_done.into_iter().map(|(event, _)| event.id).collect(),
+        });
+    }
+    let actual = stream_revision();
+    if !request.expected.admits(actual) {
+        return AppendDecision::Reject(Error::Conflict {
+            stream: request.stream.clone(),
+            expected: request.expected,
+            actual,
+            not_written: request.event_ids(),
+        });
+    }
+    let mut holders: Vec<(&str, Option<String>)> = Vec::with_capacity(request.claims.len());
+    for claim in &request.claims {
+        match holder(claim.key()) {
+            Ok(current) => holders.push((claim.key(), current)),
+            Err(err) => return AppendDecision::Reject(err),
+        }
+    }
+    let current = |key: &str| {
+        holders
+            .iter()
+            .find(|(held, _)| *held == key)
+            .and_then(|(_, current)| current.clone())
+    };
+    match decide_claims(&request.claims, &current) {
+        Err((key, holder)) => AppendDecision::Reject(Error::ClaimTaken {
+            key,
+            holder,
+            not_written: request.event_ids(),
+        }),
+        Ok(claims) => AppendDecision::Accept {
+            first_revision: actual.unwrap_or(0) + 1,
+            first_position: next_position,
+            count: request.events.len() as u64,
+            claims,
+        },
+    }
+}
+
 /// The decision for an append all of whose event ids are already in the log (`locations[i]` is
 /// where event `i` stands): a retry of this very append — same stream, consecutive positions and
 /// revisions, where its expectation puts it — is answered with the original positions
@@ -481,4 +578,237 @@ pub fn decide_claims(
         }
     }
     Ok(changes)
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::{AppendDecision, IdAt, decide_append};
+    use crate::error::{Error, Result};
+    use crate::types::{AppendRequest, Claim, ExpectedRevision, Position, ProposedEvent, Revision};
+
+    fn event(n: u128) -> ProposedEvent {
+        ProposedEvent {
+            id: Uuid::from_u128(n),
+            event_type: "Happened".into(),
+            schema_version: 1,
+            payload: vec![n as u8],
+            actor: "test".into(),
+            correlation_id: Uuid::from_u128(1000 + n),
+            causation_id: None,
+        }
+    }
+
+    /// Events 1..=count on `vm/a`.
+    fn append(expected: ExpectedRevision, count: u128) -> AppendRequest {
+        AppendRequest::new("vm/a", expected, (1..=count).map(event).collect())
+    }
+
+    fn at(stream: &str, position: u64, revision: Revision) -> Option<IdAt<'_>> {
+        Some(IdAt {
+            stream,
+            position,
+            revision,
+        })
+    }
+
+    fn acquire(key: &str) -> Claim {
+        Claim::Acquire {
+            key: key.into(),
+            owner: "me".into(),
+        }
+    }
+
+    fn release(key: &str) -> Claim {
+        Claim::Release {
+            key: key.into(),
+            owner: "me".into(),
+        }
+    }
+
+    fn free(_: &str) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// Fails the test if the stream's revision is asked for.
+    fn never() -> Option<Revision> {
+        panic!("the stream's revision was looked up")
+    }
+
+    #[test]
+    fn a_retry_in_place_is_replayed_without_the_stream_revision() {
+        let request = append(ExpectedRevision::Exact(4), 2);
+        let locations = [at("vm/a", 10, 5), at("vm/a", 11, 6)];
+        let decision = decide_append(&request, &locations, never, &free, 99);
+        let AppendDecision::Replay(result) = decision else {
+            panic!("expected a replay, got {decision:?}");
+        };
+        assert_eq!(result.first_position, Position(10));
+        assert_eq!(result.last_position, Position(11));
+        assert_eq!((result.first_revision, result.last_revision), (5, 6));
+        assert!(result.replayed);
+    }
+
+    #[test]
+    fn committed_ids_elsewhere_are_a_reuse() {
+        let request = append(ExpectedRevision::Any, 2);
+        let locations = [at("vm/a", 10, 5), at("vm/b", 11, 6)];
+        let decision = decide_append(&request, &locations, never, &free, 99);
+        assert!(
+            matches!(
+                decision,
+                AppendDecision::Reject(Error::EventIdReused { ref id, position: Position(11), .. })
+                    if *id == Uuid::from_u128(2)
+            ),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn some_ids_committed_is_partially_committed() {
+        let request = append(ExpectedRevision::Any, 3);
+        let locations = [None, at("vm/a", 10, 5), None];
+        let decision = decide_append(&request, &locations, never, &free, 99);
+        let AppendDecision::Reject(Error::PartiallyCommitted {
+            stream,
+            committed,
+            not_written,
+        }) = decision
+        else {
+            panic!("expected partially committed, got {decision:?}");
+        };
+        assert_eq!(stream, "vm/a");
+        assert_eq!(committed, vec![Uuid::from_u128(2)]);
+        assert_eq!(not_written, vec![Uuid::from_u128(1), Uuid::from_u128(3)]);
+    }
+
+    #[test]
+    fn an_unexpected_revision_is_a_conflict_before_any_claim() {
+        let request = append(ExpectedRevision::Exact(3), 1).with_claim(acquire("k"));
+        let unknown = |_: &str| -> Result<Option<String>> { panic!("a claim was looked up") };
+        let decision = decide_append(&request, &[None::<IdAt<'_>>], || Some(4), &unknown, 99);
+        let AppendDecision::Reject(Error::Conflict {
+            stream,
+            expected,
+            actual,
+            not_written,
+        }) = decision
+        else {
+            panic!("expected a conflict, got {decision:?}");
+        };
+        assert_eq!(stream, "vm/a");
+        assert_eq!(expected, ExpectedRevision::Exact(3));
+        assert_eq!(actual, Some(4));
+        assert_eq!(not_written, vec![Uuid::from_u128(1)]);
+
+        let fresh = append(ExpectedRevision::NoStream, 1);
+        let decision = decide_append(&fresh, &[None::<IdAt<'_>>], || Some(1), &free, 99);
+        assert!(
+            matches!(
+                decision,
+                AppendDecision::Reject(Error::Conflict {
+                    actual: Some(1),
+                    ..
+                })
+            ),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_held_by_another_is_taken() {
+        let request = append(ExpectedRevision::Any, 1)
+            .with_claim(acquire("free"))
+            .with_claim(acquire("held"));
+        let holder = |key: &str| Ok((key == "held").then(|| "them".to_owned()));
+        let decision = decide_append(&request, &[None::<IdAt<'_>>], || None, &holder, 99);
+        let AppendDecision::Reject(Error::ClaimTaken {
+            key,
+            holder,
+            not_written,
+        }) = decision
+        else {
+            panic!("expected a taken claim, got {decision:?}");
+        };
+        assert_eq!((key.as_str(), holder.as_str()), ("held", "them"));
+        assert_eq!(not_written, vec![Uuid::from_u128(1)]);
+    }
+
+    #[test]
+    fn a_holder_that_cannot_be_told_refuses_before_claims_are_decided() {
+        // The first claim is taken, but the second's holder is unknown: the lookup's error wins.
+        let request = append(ExpectedRevision::Any, 1)
+            .with_claim(acquire("held"))
+            .with_claim(release("unknown"));
+        let holder = |key: &str| match key {
+            "held" => Ok(Some("them".to_owned())),
+            _ => Err(Error::Storage {
+                context: "test",
+                reason: format!("{key} unknown"),
+            }),
+        };
+        let decision = decide_append(&request, &[None::<IdAt<'_>>], || None, &holder, 99);
+        assert!(
+            matches!(decision, AppendDecision::Reject(Error::Storage { ref reason, .. }) if reason == "unknown unknown"),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn an_accepted_append_follows_the_stream_and_the_log() {
+        let request = append(ExpectedRevision::Exact(7), 3)
+            .with_claim(acquire("name"))
+            .with_claim(release("old"))
+            .with_claim(release("theirs"));
+        let holder = |key: &str| {
+            Ok(match key {
+                "old" => Some("me".to_owned()),
+                "theirs" => Some("them".to_owned()),
+                _ => None,
+            })
+        };
+        let locations = [None::<IdAt<'_>>, None, None];
+        let decision = decide_append(&request, &locations, || Some(7), &holder, 42);
+        let AppendDecision::Accept {
+            first_revision,
+            first_position,
+            count,
+            ref claims,
+        } = decision
+        else {
+            panic!("expected an accept, got {decision:?}");
+        };
+        assert_eq!((first_revision, first_position, count), (8, 42, 3));
+        assert_eq!(
+            claims,
+            &vec![
+                ("name".to_owned(), Some("me".to_owned())),
+                ("old".to_owned(), None)
+            ]
+        );
+        let result = decision.into_result().unwrap();
+        assert_eq!(
+            (result.first_position, result.last_position),
+            (Position(42), Position(44))
+        );
+        assert_eq!((result.first_revision, result.last_revision), (8, 10));
+        assert!(!result.replayed);
+
+        // A new stream starts at revision 1.
+        let fresh = append(ExpectedRevision::NoStream, 1);
+        let decision = decide_append(&fresh, &[None::<IdAt<'_>>], || None, &free, 1);
+        assert!(
+            matches!(
+                decision,
+                AppendDecision::Accept {
+                    first_revision: 1,
+                    first_position: 1,
+                    count: 1,
+                    ..
+                }
+            ),
+            "{decision:?}"
+        );
+    }
 }

@@ -37,7 +37,7 @@ use super::{SledLog, State, engine, lock};
 use crate::batch::{BatchWriter, StoredEvent};
 use crate::error::{Error, Result};
 use crate::hash::event_hash;
-use crate::log::{check_request, decide_claims};
+use crate::log::{check_request, decide_append};
 // How one request was decided: the same outcomes on every backend.
 use crate::log::AppendDecision as Decision;
 use crate::submit::{Appended, PendingAppend, Submitted};
@@ -498,69 +498,34 @@ impl SledLog {
         )
     }
 
-    /// How one request fares against the state plus the group's earlier effects.
+    /// How one request fares against the state plus the group's earlier effects: this
+    /// backend's lookups, decided by [`decide_append`] like on every backend.
     fn decide(&self, state: &State, overlay: &Overlay, pending: &Pending) -> Decision {
         let request = &pending.request;
         let locations = match self.locate_ids(state, overlay, pending) {
             Ok(locations) => locations,
             Err(err) => return Decision::Reject(err),
         };
-        let committed = locations
-            .iter()
-            .filter(|location| location.is_some())
-            .count();
-        if committed == request.events.len() {
-            let at: Vec<_> = locations
-                .iter()
-                .map(|l| l.as_ref().map(IdLocation::at))
-                .collect();
-            return match crate::log::replay_or_reuse(request, &at) {
-                Ok(replayed) => Decision::Replay(replayed),
-                Err(err) => Decision::Reject(err),
-            };
-        }
-        if committed > 0 {
-            let (done, not_done): (Vec<_>, Vec<_>) = request
-                .events
-                .iter()
-                .zip(&locations)
-                .partition(|(_, location)| location.is_some());
-            return Decision::Reject(Error::PartiallyCommitted {
-                stream: request.stream.clone(),
-                committed: done.into_iter().map(|(event, _)| event.id).collect(),
-                not_written: not_done.into_iter().map(|(event, _)| event.id).collect(),
-            });
-        }
-        let actual = overlay
-            .heads
-            .get(&request.stream)
-            .or_else(|| state.heads.get(&request.stream))
-            .copied();
-        if !request.expected.admits(actual) {
-            return Decision::Reject(Error::Conflict {
-                stream: request.stream.clone(),
-                expected: request.expected,
-                actual,
-                not_written: request.event_ids(),
-            });
-        }
-        let holder = |key: &str| match overlay.claims.get(key) {
-            Some(change) => change.clone(),
-            None => state.claims.get(key).cloned(),
+        let stream_revision = || {
+            overlay
+                .heads
+                .get(&request.stream)
+                .or_else(|| state.heads.get(&request.stream))
+                .copied()
         };
-        match decide_claims(&request.claims, &holder) {
-            Err((key, holder)) => Decision::Reject(Error::ClaimTaken {
-                key,
-                holder,
-                not_written: request.event_ids(),
-            }),
-            Ok(claims) => Decision::Accept {
-                first_revision: actual.unwrap_or(0) + 1,
-                first_position: overlay.next_position,
-                count: request.events.len() as u64,
-                claims,
-            },
-        }
+        let holder = |key: &str| {
+            Ok(match overlay.claims.get(key) {
+                Some(change) => change.clone(),
+                None => state.claims.get(key).cloned(),
+            })
+        };
+        decide_append(
+            request,
+            &locations,
+            stream_revision,
+            &holder,
+            overlay.next_position,
+        )
     }
 
     /// Where each of the request's ids is committed, if anywhere: this group, recent commits, or

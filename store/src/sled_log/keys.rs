@@ -66,9 +66,9 @@ pub(super) struct IdLocation {
     pub stream: String,
 }
 
-impl IdLocation {
-    /// This entry as the backend-neutral [`crate::log::IdAt`].
-    pub(super) fn at(&self) -> crate::log::IdAt<'_> {
+/// This entry as the backend-neutral [`crate::log::IdAt`].
+impl crate::log::AsIdAt for IdLocation {
+    fn at(&self) -> crate::log::IdAt<'_> {
         crate::log::IdAt {
             stream: &self.stream,
             position: self.position,
