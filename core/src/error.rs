@@ -182,6 +182,29 @@ impl Rejection {
         }
     }
 
+    /// The object changed since the version the client read (`metadata.resourceVersion`, the
+    /// position of its last event): an update made on that version would lose the change.
+    pub fn stale(expected: u64, actual: u64) -> Self {
+        Self::one(
+            Category::Conflict,
+            Cause::new(
+                "metadata.resourceVersion",
+                codes::RESOURCE_VERSION_CONFLICT,
+                if actual == 0 {
+                    format!(
+                        "the object has been modified: expected resourceVersion {expected}, \
+                         and it does not exist now"
+                    )
+                } else {
+                    format!(
+                        "the object has been modified: expected resourceVersion {expected}, \
+                         actual {actual}; read it again and retry"
+                    )
+                },
+            ),
+        )
+    }
+
     /// Whether any cause has `code`.
     pub fn has_code(&self, code: &str) -> bool {
         self.causes.iter().any(|c| c.code == code)
@@ -283,6 +306,8 @@ pub mod codes {
     pub const NOT_FOUND: &str = "NOT_FOUND";
     /// Expected generation mismatch.
     pub const GENERATION_CONFLICT: &str = "GENERATION_CONFLICT";
+    /// Expected resourceVersion mismatch: the object changed since it was read.
+    pub const RESOURCE_VERSION_CONFLICT: &str = "RESOURCE_VERSION_CONFLICT";
     /// metadata.name/namespace in the manifest differ from the command's target.
     pub const NAME_MISMATCH: &str = "NAME_MISMATCH";
     /// A start request KubeVirt would refuse with 409.

@@ -190,6 +190,28 @@ fn op_name(op: Op) -> &'static str {
     }
 }
 
+/// Applies a JSON merge patch (RFC 7386) to `doc`: an object's members merge recursively, a
+/// `null` member removes the key, anything else (a scalar, an array, a non-object patch)
+/// replaces the value whole. Total: every patch applies.
+pub fn merge_patch(doc: &mut Value, patch: &Value) {
+    let Value::Object(members) = patch else {
+        *doc = patch.clone();
+        return;
+    };
+    if !doc.is_object() {
+        *doc = Value::Object(serde_json::Map::new());
+    }
+    if let Value::Object(target) = doc {
+        for (key, value) in members {
+            if value.is_null() {
+                target.remove(key);
+            } else {
+                merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
 /// Applies every patch in order to a copy of `doc`; all or nothing.
 pub fn apply_all(doc: &Value, patches: &[PatchOp]) -> Result<Value, String> {
     let mut out = doc.clone();
@@ -233,5 +255,44 @@ mod tests {
         assert!(parse("{").is_err());
         assert!(parse(r#"{"op":"add","path":"x","value":1}"#).is_err());
         assert!(path_allowed("/spec/running") && !path_allowed("/metadata/name"));
+    }
+
+    #[test]
+    fn a_merge_patch_merges_objects_removes_nulls_and_replaces_the_rest() {
+        // RFC 7386's own example.
+        let mut doc = json!({
+            "title": "Goodbye!",
+            "author": {"givenName": "John", "familyName": "Doe"},
+            "tags": ["example", "sample"],
+            "content": "This will be unchanged"
+        });
+        merge_patch(
+            &mut doc,
+            &json!({
+                "title": "Hello!",
+                "phoneNumber": "+01-123-456-7890",
+                "author": {"familyName": null},
+                "tags": ["example"]
+            }),
+        );
+        assert_eq!(
+            doc,
+            json!({
+                "title": "Hello!",
+                "author": {"givenName": "John"},
+                "tags": ["example"],
+                "content": "This will be unchanged",
+                "phoneNumber": "+01-123-456-7890"
+            })
+        );
+        // Into a missing or scalar member: an object is made; a scalar patch replaces.
+        let mut doc = json!({"a": 1});
+        merge_patch(
+            &mut doc,
+            &json!({"a": {"b": {"c": null, "d": 2}}, "e": null}),
+        );
+        assert_eq!(doc, json!({"a": {"b": {"d": 2}}}));
+        merge_patch(&mut doc, &json!([1]));
+        assert_eq!(doc, json!([1]));
     }
 }

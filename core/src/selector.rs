@@ -414,6 +414,25 @@ const NAME_BYTES_MAX: usize = 63;
 /// The longest prefix of a key (a DNS subdomain).
 const PREFIX_BYTES_MAX: usize = 253;
 
+/// Whether `key` is a label key Kubernetes accepts (a qualified name: `[prefix/]name`, the name
+/// 1–63 alphanumerics with `-`, `_`, `.` inside, the prefix a lowercase DNS subdomain); the
+/// reason if not.
+///
+/// # Errors
+/// Why the key is not one.
+pub fn check_label_key(key: &str) -> Result<(), String> {
+    check_key(key)
+}
+
+/// Whether `value` is a label value Kubernetes accepts (empty, or 1–63 alphanumerics with `-`,
+/// `_`, `.` inside); the reason if not.
+///
+/// # Errors
+/// Why the value is not one.
+pub fn check_label_value(value: &str) -> Result<(), String> {
+    check_value(value)
+}
+
 /// A qualified name: `[prefix/]name`, the name 1–63 alphanumerics with `-`, `_`, `.` inside,
 /// the prefix a lowercase DNS subdomain.
 fn check_key(key: &str) -> Result<(), String> {

@@ -487,8 +487,19 @@ impl pb::objects_server::Objects for Api {
             }
             _ => None,
         };
+        let expected_position = r.expected_resource_version.map(Position);
+        if expected_position.is_some() && crate::sagas::is_saga_kind(kind) {
+            return Err(Status::invalid_argument(format!(
+                "expected_resource_version: {object}: an apply of a {} drives its saga and \
+                 cannot be conditional on a resourceVersion",
+                kind.as_str()
+            )));
+        }
         let command = apply_command(manifest, r.expected_generation, r.import);
-        let meta = meta(&p, request_id(&r.request_id)?);
+        let meta = CommandMeta {
+            expected_position,
+            ..meta(&p, request_id(&r.request_id)?)
+        };
         let (commands, projections) = (self.commands.clone(), self.projections.clone());
         // The command path on this thread when it needs no read of the log and the log takes
         // submitted appends (the append is awaited, no thread parked for it); the answer too
@@ -531,7 +542,7 @@ impl pb::objects_server::Objects for Api {
         let response = blocking(move || {
             if r.dry_run {
                 let outcome = commands
-                    .dry_run(command)
+                    .dry_run_expecting(command, expected_position)
                     .map_err(|e| from_command(&reader, &object, e))?;
                 return Ok(Response::new(pb::ApplyResponse {
                     object: Some(pb::Object {

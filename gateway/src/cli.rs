@@ -56,7 +56,7 @@ pub struct GlobalArgs {
     pub namespace: String,
 
     /// Output format (`wide`: `get`'s table with more columns; `name`: `KIND/NAME` per object,
-    /// for get, apply, import, delete, snapshot, restore and clone).
+    /// for get, apply, import, delete, patch, label, annotate, snapshot, restore and clone).
     #[arg(short = 'o', long, global = true, value_enum)]
     pub output: Option<Output>,
 
@@ -115,8 +115,8 @@ impl Cli {
                 clap::error::ErrorKind::ArgumentConflict,
                 format!(
                     "-o name prints object names, and `{name}` prints none; use -o table, yaml \
-                     or json (-o name is for get, apply, import, delete, snapshot, restore and \
-                     clone)"
+                     or json (-o name is for get, apply, import, delete, patch, label, annotate, \
+                     snapshot, restore and clone)"
                 ),
             ))
         } else {
@@ -205,6 +205,9 @@ impl Command {
                 | Command::Import(_)
                 | Command::Get(_)
                 | Command::Delete(_)
+                | Command::Patch(_)
+                | Command::Label(_)
+                | Command::Annotate(_)
                 | Command::Snapshot(_)
                 | Command::Restore(_)
                 | Command::Clone(_)
@@ -279,6 +282,40 @@ Examples:
                       vmplane delete -f manifests/ -R --ignore-not-found"
     )]
     Delete(DeleteArgs),
+
+    /// Change one object with a patch: a JSON merge patch (RFC 7386, the default) or a JSON
+    /// patch (RFC 6902). The object is read, patched and written back only if nobody wrote it
+    /// in between (else read again and patched again), so no other change is lost.
+    #[command(
+        after_help = "The patch is JSON or YAML. KubeVirt's kinds are custom resources, \
+for which kubectl has no strategic merge patch either: merge is the default here.
+
+Examples:
+  vmplane patch vm demo -p '{\"spec\":{\"runStrategy\":\"Always\"}}'
+  vmplane patch vm demo --type json -p '[{\"op\":\"replace\",\"path\":\"/spec/template/spec/domain/memory/guest\",\"value\":\"1Gi\"}]'
+  vmplane patch instancetype small --patch-file bigger.yaml --dry-run"
+    )]
+    Patch(PatchArgs),
+
+    /// Set (KEY=VALUE) or remove (KEY-) labels of one object.
+    #[command(
+        after_help = "An existing label keeps its value unless --overwrite is given. \
+The change is written only if nobody wrote the object since it was read (else it is read \
+again), so no other change is lost.
+
+Examples:
+  vmplane label vm demo env=prod tier=web
+  vmplane label vm demo env=staging --overwrite
+  vmplane label vm demo tier-                    # remove the label"
+    )]
+    Label(MetadataArgs),
+
+    /// Set (KEY=VALUE) or remove (KEY-) annotations of one object.
+    #[command(after_help = "Examples:
+  vmplane annotate vm demo owner=team-a
+  vmplane annotate vm demo description='the demo VM' --overwrite
+  vmplane annotate vm demo owner-")]
+    Annotate(MetadataArgs),
 
     /// Ask for a VM to start.
     #[command(after_help = "Examples:\n  vmplane start demo")]
@@ -652,6 +689,58 @@ pub struct CloneArgs {
     /// Name of the VirtualMachineClone (default: NEWNAME-clone-RANDOM).
     #[arg(long = "clone-name")]
     pub clone_name: Option<String>,
+}
+
+/// How `patch` reads its patch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PatchType {
+    /// JSON merge patch (RFC 7386): objects merge, `null` removes a key, the rest replaces.
+    Merge,
+    /// JSON patch (RFC 6902): a list of add, remove, replace and test operations.
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PatchArgs {
+    /// Kind of object (vm, instancetype, ...).
+    pub kind: String,
+    /// Name of the object.
+    pub name: String,
+    /// The patch, JSON or YAML.
+    #[arg(
+        short = 'p',
+        long,
+        value_name = "PATCH",
+        required_unless_present = "patch_file",
+        conflicts_with = "patch_file"
+    )]
+    pub patch: Option<String>,
+    /// Read the patch from this file (`-` for standard input).
+    #[arg(long, value_name = "FILE")]
+    pub patch_file: Option<String>,
+    /// How the patch is read.
+    #[arg(long = "type", value_enum, default_value_t = PatchType::Merge)]
+    pub patch_type: PatchType,
+    /// Validate server-side and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MetadataArgs {
+    /// Kind of object (vm, instancetype, ...).
+    pub kind: String,
+    /// Name of the object.
+    pub name: String,
+    /// KEY=VALUE to set, KEY- to remove.
+    #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+    pub changes: Vec<String>,
+    /// Replace the value of a key the object has already.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Validate server-side and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -10,7 +10,7 @@ use tonic::{Request, Status};
 
 use crate::cli::{
     ApplyArgs, AuditArgs, DeleteArgs, DescribeArgs, DiffArgs, ExpandArgs, GetArgs, GlobalArgs,
-    HistoryArgs, LifecycleArgs, Output, WatchArgs,
+    HistoryArgs, LifecycleArgs, MetadataArgs, Output, PatchArgs, PatchType, WatchArgs,
 };
 use crate::input::{self, Unit};
 use crate::pb;
@@ -265,6 +265,7 @@ pub async fn apply(
                 dry_run: a.dry_run,
                 import,
                 request_id: uuid::Uuid::now_v7().to_string(),
+                expected_resource_version: None,
             })
             .await;
         match resp {
@@ -592,6 +593,222 @@ fn said_deleted(out: &mut impl Write, g: &GlobalArgs, target: &Target<'_>) -> st
     }
 }
 
+/// How many times a read-modify-write (`patch`, `label`, `annotate`) reads again after another
+/// write came between its read and its write, before it gives up.
+const REWRITE_ATTEMPTS: u32 = 5;
+
+/// Reads one object, changes its JSON with `change`, and writes it back with `apply`,
+/// conditional on the resourceVersion it read: a write by anyone else in between is never
+/// overwritten; the object is read and changed again instead. `done` is the verb printed
+/// (`patched`, `labeled`, ...; `(no change)` added when the write changed nothing).
+async fn rewrite(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    (kind, name): (&str, &str),
+    dry_run: bool,
+    done: &str,
+    change: impl Fn(&mut serde_json::Value) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let read = c
+            .objects
+            .get(pb::GetRequest {
+                r#ref: Some(pb::ObjectRef {
+                    kind: kind.to_owned(),
+                    namespace: g.namespace.clone(),
+                    name: name.to_owned(),
+                }),
+                at: None,
+                min_position: 0,
+            })
+            .await
+            .map_err(status_error)?
+            .into_inner()
+            .object
+            .unwrap_or_default();
+        let mut doc: serde_json::Value = serde_json::from_str(&read.json).with_context(|| {
+            format!("{kind} {name}: the server sent an object that is not JSON")
+        })?;
+        change(&mut doc)?;
+        let written = c
+            .objects
+            .apply(pb::ApplyRequest {
+                manifest: doc.to_string(),
+                namespace: g.namespace.clone(),
+                expected_generation: None,
+                dry_run,
+                import: false,
+                request_id: uuid::Uuid::now_v7().to_string(),
+                expected_resource_version: Some(read.resource_version),
+            })
+            .await;
+        let r = match written {
+            Ok(r) => r.into_inner(),
+            Err(status) if status.code() == tonic::Code::Aborted && attempt < REWRITE_ATTEMPTS => {
+                continue;
+            }
+            Err(status) => return Err(status_error(status)),
+        };
+        let obj = r.object.unwrap_or_default();
+        let mut out = std::io::stdout().lock();
+        match g.output {
+            Some(Output::Json | Output::Yaml | Output::Name) => {
+                print::object(&mut out, g.output, &obj)?;
+            }
+            None | Some(Output::Table | Output::Wide) => {
+                let unchanged = if r.outcome == "unchanged" {
+                    " (no change)"
+                } else {
+                    ""
+                };
+                let dry = if dry_run { " (dry run)" } else { "" };
+                writeln!(
+                    out,
+                    "{}/{} {done}{unchanged}{dry}",
+                    print::short_kind(&obj.kind),
+                    obj.name
+                )?;
+            }
+        }
+        return Ok(());
+    }
+}
+
+/// `patch`: a merge patch or a JSON patch, applied to the object as read.
+pub async fn patch(c: &mut Clients, g: &GlobalArgs, a: &PatchArgs) -> anyhow::Result<()> {
+    let text = match (&a.patch, &a.patch_file) {
+        (Some(text), _) => text.clone(),
+        (None, Some(file)) if file == "-" => std::io::read_to_string(std::io::stdin())
+            .context("--patch-file -: reading standard input")?,
+        (None, Some(file)) => {
+            std::fs::read_to_string(file).with_context(|| format!("--patch-file {file}"))?
+        }
+        (None, None) => bail!("patch: give the patch with -p PATCH or --patch-file FILE"),
+    };
+    // JSON is YAML too; YAML's parser says where a malformed patch goes wrong.
+    let patch: serde_json::Value = serde_yaml::from_str(&text)
+        .map_err(|e| anyhow!("the patch is neither JSON nor YAML: {e}"))?;
+    let ops = match a.patch_type {
+        PatchType::Merge if !patch.is_object() => {
+            bail!("a merge patch is an object, as in {{\"spec\":{{\"runStrategy\":\"Always\"}}}}")
+        }
+        PatchType::Merge => Vec::new(),
+        PatchType::Json => {
+            let Some(list) = patch.as_array() else {
+                bail!(
+                    "a JSON patch is a list of operations, as in \
+                     [{{\"op\":\"replace\",\"path\":\"/spec/runStrategy\",\"value\":\"Always\"}}]"
+                );
+            };
+            list.iter()
+                .enumerate()
+                .map(|(i, op)| {
+                    vmplane_core::jsonpatch::parse(&op.to_string())
+                        .map_err(|e| anyhow!("the patch's operation {i}: {e}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?
+        }
+    };
+    rewrite(c, g, (&a.kind, &a.name), a.dry_run, "patched", |doc| {
+        match a.patch_type {
+            PatchType::Merge => vmplane_core::jsonpatch::merge_patch(doc, &patch),
+            PatchType::Json => {
+                *doc = vmplane_core::jsonpatch::apply_all(doc, &ops)
+                    .map_err(|e| anyhow!("{} {}: {e}", a.kind, a.name))?;
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// What `label` and `annotate` change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metadata {
+    /// `metadata.labels`
+    Labels,
+    /// `metadata.annotations`
+    Annotations,
+}
+
+/// `label` and `annotate`: KEY=VALUE sets (an existing different value only with
+/// `--overwrite`), KEY- removes.
+pub async fn label(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &MetadataArgs,
+    what: Metadata,
+) -> anyhow::Result<()> {
+    let (field, noun, done) = match what {
+        Metadata::Labels => ("labels", "label", "labeled"),
+        Metadata::Annotations => ("annotations", "annotation", "annotated"),
+    };
+    let mut changes: Vec<(String, Option<String>)> = Vec::new();
+    for change in &a.changes {
+        let (key, value) = match change.split_once('=') {
+            Some((key, value)) => (key, Some(value)),
+            None => match change.strip_suffix('-') {
+                Some(key) => (key, None),
+                None => {
+                    bail!("{change:?}: write KEY=VALUE to set the {noun}, or KEY- to remove it")
+                }
+            },
+        };
+        vmplane_core::selector::check_label_key(key)
+            .map_err(|why| anyhow!("{noun} key {key:?}: {why}"))?;
+        if let (Metadata::Labels, Some(value)) = (what, value) {
+            vmplane_core::selector::check_label_value(value)
+                .map_err(|why| anyhow!("label {key}: value {value:?}: {why}"))?;
+        }
+        if changes.iter().any(|(k, _)| k == key) {
+            bail!("{noun} {key:?} is changed twice in one command");
+        }
+        changes.push((key.to_owned(), value.map(str::to_owned)));
+    }
+    let (kind, name) = (a.kind.as_str(), a.name.as_str());
+    rewrite(c, g, (kind, name), a.dry_run, done, |doc| {
+        let metadata = doc
+            .as_object_mut()
+            .and_then(|o| o.get_mut("metadata"))
+            .and_then(serde_json::Value::as_object_mut)
+            .ok_or_else(|| anyhow!("{kind} {name}: the object has no metadata"))?;
+        let map = metadata
+            .entry(field)
+            .or_insert_with(|| serde_json::json!({}));
+        if map.is_null() {
+            *map = serde_json::json!({});
+        }
+        let map = map
+            .as_object_mut()
+            .ok_or_else(|| anyhow!("{kind} {name}: metadata.{field} is not a map"))?;
+        for (key, value) in &changes {
+            match value {
+                Some(value) => {
+                    if let Some(old) = map.get(key).and_then(serde_json::Value::as_str)
+                        && old != value
+                        && !a.overwrite
+                    {
+                        bail!(
+                            "{kind} {name}: metadata.{field}.{key} already has a value ({old:?}), \
+                             and --overwrite is not given"
+                        );
+                    }
+                    map.insert(key.clone(), serde_json::Value::String(value.clone()));
+                }
+                None => {
+                    if map.remove(key).is_none() {
+                        eprintln!("{noun} {key:?} not found.");
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
 /// The lifecycle verbs.
 #[derive(Debug, Clone, Copy)]
 pub enum Verb {
@@ -868,6 +1085,7 @@ async fn apply_saga(
             dry_run: false,
             import: false,
             request_id: uuid::Uuid::now_v7().to_string(),
+            expected_resource_version: None,
         })
         .await
         .map_err(status_error)?

@@ -89,6 +89,11 @@ fn run_client(
             Command::Import(a) => client::apply(&mut c, global, a, true).await?,
             Command::Get(a) => client::get(&mut c, global, a).await?,
             Command::Delete(a) => client::delete(&mut c, global, a).await?,
+            Command::Patch(a) => client::patch(&mut c, global, a).await?,
+            Command::Label(a) => client::label(&mut c, global, a, client::Metadata::Labels).await?,
+            Command::Annotate(a) => {
+                client::label(&mut c, global, a, client::Metadata::Annotations).await?
+            }
             Command::Start(a) => client::lifecycle(&mut c, global, a, Verb::Start).await?,
             Command::Stop(a) => client::lifecycle(&mut c, global, a, Verb::Stop).await?,
             Command::Restart(a) => client::lifecycle(&mut c, global, a, Verb::Restart).await?,

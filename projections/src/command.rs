@@ -156,6 +156,22 @@ pub struct CommandMeta {
     pub causation_id: Option<Uuid>,
     /// A client's request id: a retry with the same id does not apply the command twice.
     pub request_id: Option<Uuid>,
+    /// Carry the command out only if the stream's last event is still at this position (the
+    /// object's `metadata.resourceVersion` as the client read it; `Position(0)`: the object
+    /// must not exist yet), else refuse it as a conflict. Checked on the state each decision
+    /// is made on, and the append is conditional on that state: a read-modify-write (`patch`,
+    /// `label`) never loses a change made since the read. Saga steps do not take it.
+    pub expected_position: Option<Position>,
+}
+
+/// Refuses a decision on `snapshot` when `meta` expects the stream at another position.
+fn check_expected(meta: &CommandMeta, snapshot: &Snapshot) -> Result<(), CommandError> {
+    match meta.expected_position {
+        Some(expected) if expected != snapshot.position => Err(CommandError::Rejected(
+            Rejection::stale(expected.0, snapshot.position.0),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// What an accepted command did.
@@ -287,6 +303,7 @@ impl CommandHandler {
         loop {
             attempts += 1;
             let (snapshot, revision) = self.load(&stream, kind)?;
+            check_expected(meta, &snapshot)?;
             let command = self.resolve(&snapshot.state, &command)?;
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
             let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
@@ -352,6 +369,7 @@ impl CommandHandler {
             let Some((snapshot, revision)) = snapshot else {
                 return Ok(AsyncExecuted::Blocking(command));
             };
+            check_expected(meta, &snapshot)?;
             if needs_resolving(&snapshot.state, &command) {
                 return Ok(AsyncExecuted::Blocking(command));
             }
@@ -474,6 +492,7 @@ impl CommandHandler {
         let correlation_id = correlation(meta);
         let meta = CommandMeta {
             request_id: None,
+            expected_position: None,
             ..meta.clone()
         };
         let mut attempts = 0;
@@ -518,7 +537,24 @@ impl CommandHandler {
     /// Decides `command` against the current state without appending anything
     /// (`apply --dry-run`): the outcome it would have, or the rejection it gets.
     pub fn dry_run(&self, command: Command) -> Result<Outcome, CommandError> {
-        let (_, decision) = self.decided(&command)?;
+        self.dry_run_expecting(command, None)
+    }
+
+    /// [`CommandHandler::dry_run`], refused as a conflict, as the command would be, when the
+    /// stream's last event is not at `expected` ([`CommandMeta::expected_position`]).
+    pub fn dry_run_expecting(
+        &self,
+        command: Command,
+        expected: Option<Position>,
+    ) -> Result<Outcome, CommandError> {
+        let (snapshot, _) = self.load(&command.stream(), command.kind())?;
+        let meta = CommandMeta {
+            expected_position: expected,
+            ..CommandMeta::default()
+        };
+        check_expected(&meta, &snapshot)?;
+        let command = self.resolve(&snapshot.state, &command)?;
+        let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
         // What the append would check too: the uniqueness claims (a firmware UUID another VM
         // holds), against the holders now.
         let claims = store_claims(&decision);

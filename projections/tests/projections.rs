@@ -225,6 +225,56 @@ fn a_label_selector_pages_through_matching_objects_only() {
 }
 
 #[test]
+fn a_command_expecting_a_stale_position_is_refused_and_one_expecting_the_current_is_carried_out() {
+    use vmplane_core::types::Manifest;
+    use vmplane_projections::command::CommandMeta;
+    let env = env();
+    let first = env.apply_vm("alice", vm("team-a", "cond", "128Mi"));
+    let second = env.apply_vm("bob", vm("team-a", "cond", "256Mi"));
+    let expecting = |position: Position| CommandMeta {
+        actor: "carol".into(),
+        expected_position: Some(position),
+        ..CommandMeta::default()
+    };
+    let edit = || {
+        Command::apply(Manifest::VirtualMachine(Box::new(vm(
+            "team-a", "cond", "512Mi",
+        ))))
+    };
+    let head = env.log.head();
+    for stale in [first.position, Position(0)] {
+        match env.commands.execute(&expecting(stale), edit()) {
+            Err(CommandError::Rejected(r)) => {
+                assert_eq!(r.category, Category::Conflict);
+                assert!(r.has_code(codes::RESOURCE_VERSION_CONFLICT), "{r}");
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert!(matches!(
+            env.commands.dry_run_expecting(edit(), Some(stale)),
+            Err(CommandError::Rejected(_))
+        ));
+    }
+    assert_eq!(env.log.head(), head, "nothing appended");
+    let done = env
+        .commands
+        .execute(&expecting(second.position), edit())
+        .expect("current position");
+    assert_eq!(done.outcome, Outcome::Configured);
+    // A new object: expected at 0, it must not exist yet.
+    let created = env
+        .commands
+        .execute(
+            &expecting(Position(0)),
+            Command::apply(Manifest::VirtualMachine(Box::new(vm(
+                "team-a", "fresh", "128Mi",
+            )))),
+        )
+        .expect("a new object at 0");
+    assert_eq!(created.outcome, Outcome::Created);
+}
+
+#[test]
 fn restart_with_checkpoint_and_tail_equals_rebuild() {
     let env = env();
     populate(&env, "a", 6);

@@ -11,6 +11,7 @@ mod linearizability;
 mod manifests;
 mod metrics;
 mod output;
+mod patch;
 mod permissions;
 mod qemu;
 mod serve;
