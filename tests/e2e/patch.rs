@@ -251,3 +251,32 @@ fn an_apply_conditional_on_a_stale_resource_version_is_aborted_and_appends_nothi
     let status = apply(0, false).expect_err("it exists");
     assert_eq!(status.code(), tonic::Code::Aborted);
 }
+
+#[test]
+fn concurrent_labels_on_one_object_all_land() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "patch-concurrent";
+    let vm = repo_root().join("examples/vm.yaml");
+    vmplane.ok(&["apply", "-f", vm.to_str().expect("utf-8"), "-n", ns]);
+    // Four writers read the same version and race; a loser reads again and writes again.
+    let keys = ["k0", "k1", "k2", "k3"];
+    let children: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let change = format!("{key}=v");
+            vmplane.spawn(&["label", "vm", "demo", "-n", ns, &change])
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().expect("label");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let labels = vm_json(&vmplane, ns)["metadata"]["labels"].clone();
+    for key in keys {
+        assert_eq!(labels[key], "v", "label {key} was lost: {labels}");
+    }
+}
