@@ -11,7 +11,7 @@
 
 use serde_json::{Value, json};
 
-use crate::aggregate::vm::{Existence, VmState};
+use crate::aggregate::vm::{Existence, VmState, VmiRun};
 use crate::aggregate::vmi::VmiState;
 use crate::ctx::Ctx;
 use crate::event::VmiPhase;
@@ -335,6 +335,32 @@ pub const FEATURE_MISMATCH_CONDITION: &str = "FeatureMismatch";
 /// The `FeatureMismatch` reason when the running VMI uses a feature disabled since its start.
 pub const FEATURE_DISABLED_WHILE_RUNNING_REASON: &str = "FeatureDisabledWhileRunning";
 
+/// A VM's VMI's `Ready` condition, which KubeVirt copies onto the VM (kubevirt.md §4.3): True
+/// while the VMI runs, else False with the reason the hypervisor reported (`VMI<Phase>` when
+/// none). What `kubectl wait vmi NAME --for condition=Ready` waits for.
+pub fn vmi_ready(v: &VmiRun) -> Condition {
+    if v.phase == VmiPhase::Running {
+        return Condition {
+            kind: "Ready",
+            status: true,
+            reason: String::new(),
+            message: String::new(),
+        };
+    }
+    Condition {
+        kind: "Ready",
+        status: false,
+        reason: v
+            .reason
+            .clone()
+            .unwrap_or_else(|| format!("VMI{}", v.phase.as_str())),
+        message: v
+            .message
+            .clone()
+            .unwrap_or_else(|| format!("VMI is {}", v.phase.as_str())),
+    }
+}
+
 /// The VM's conditions (kubevirt.md §4.3), plus the feature conditions: `Failure` /
 /// `FeatureNotEnabled` while the VM wants a VMI it cannot get, and `FeatureMismatch` whenever
 /// the running VMI (reason `FeatureDisabledWhileRunning`) or, with none running, the spec
@@ -348,24 +374,7 @@ pub fn conditions(s: &VmState, features: &Features, now_ms: i64) -> Vec<Conditio
             reason: "VMINotExists".into(),
             message: "VMI does not exist".into(),
         },
-        Some(v) if v.phase == VmiPhase::Running => Condition {
-            kind: "Ready",
-            status: true,
-            reason: String::new(),
-            message: String::new(),
-        },
-        Some(v) => Condition {
-            kind: "Ready",
-            status: false,
-            reason: v
-                .reason
-                .clone()
-                .unwrap_or_else(|| format!("VMI{}", v.phase.as_str())),
-            message: v
-                .message
-                .clone()
-                .unwrap_or_else(|| format!("VMI is {}", v.phase.as_str())),
-        },
+        Some(v) => vmi_ready(v),
     };
     out.push(ready);
     if s.active_vmi()

@@ -56,7 +56,8 @@ pub struct GlobalArgs {
     pub namespace: String,
 
     /// Output format (`wide`: `get`'s table with more columns; `name`: `KIND/NAME` per object,
-    /// for get, apply, import, delete, patch, label, annotate, snapshot, restore and clone).
+    /// for get, apply, import, delete, patch, label, annotate, wait, snapshot, restore and
+    /// clone).
     #[arg(short = 'o', long, global = true, value_enum)]
     pub output: Option<Output>,
 
@@ -116,7 +117,7 @@ impl Cli {
                 format!(
                     "-o name prints object names, and `{name}` prints none; use -o table, yaml \
                      or json (-o name is for get, apply, import, delete, patch, label, annotate, \
-                     snapshot, restore and clone)"
+                     wait, snapshot, restore and clone)"
                 ),
             ))
         } else {
@@ -208,6 +209,7 @@ impl Command {
                 | Command::Patch(_)
                 | Command::Label(_)
                 | Command::Annotate(_)
+                | Command::Wait(_)
                 | Command::Snapshot(_)
                 | Command::Restore(_)
                 | Command::Clone(_)
@@ -316,6 +318,21 @@ Examples:
   vmplane annotate vm demo description='the demo VM' --overwrite
   vmplane annotate vm demo owner-")]
     Annotate(MetadataArgs),
+
+    /// Wait until an object meets a condition, has a field's value, is created or is deleted:
+    /// for scripts, as kubectl's `wait`. Woken by the object's events, not by polling.
+    #[command(
+        after_help = "Exits 0 once it holds (printing KIND/NAME condition met), non-zero with \
+what was last seen when --timeout passes.
+
+Examples:
+  vmplane start demo && vmplane wait vmi demo --for condition=Ready
+  vmplane wait vm demo --for jsonpath='{.status.printableStatus}'=Running --timeout 2m
+  vmplane wait vm demo --for condition=Ready=false
+  vmplane wait snapshot snap1 --for jsonpath='{.status.readyToUse}'=true
+  vmplane delete vm demo && vmplane wait vm demo --for delete"
+    )]
+    Wait(WaitArgs),
 
     /// Ask for a VM to start.
     #[command(after_help = "Examples:\n  vmplane start demo")]
@@ -743,6 +760,256 @@ pub struct MetadataArgs {
     pub dry_run: bool,
 }
 
+/// What `wait` waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitFor {
+    /// `condition=TYPE[=STATUS]`: a `status.conditions[]` entry of that type with that status
+    /// (`True` by default; both compared without case, as kubectl does).
+    Condition {
+        /// The condition's type.
+        kind: String,
+        /// The status it must have.
+        status: String,
+    },
+    /// `jsonpath={.a.b[0].c}[=VALUE]`: the field has that value (as text), or exists.
+    Field {
+        /// The path as written.
+        path: String,
+        /// The same as a JSON pointer.
+        pointer: String,
+        /// The value it must have; `None`: any.
+        value: Option<String>,
+    },
+    /// `create`: the object exists.
+    Create,
+    /// `delete`: the object does not exist.
+    Delete,
+}
+
+impl std::fmt::Display for WaitFor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitFor::Condition { kind, status } => write!(f, "condition {kind}={status}"),
+            WaitFor::Field {
+                path,
+                value: Some(value),
+                ..
+            } => write!(f, "{{{path}}}={value}"),
+            WaitFor::Field { path, .. } => write!(f, "{{{path}}} to exist"),
+            WaitFor::Create => f.write_str("creation"),
+            WaitFor::Delete => f.write_str("deletion"),
+        }
+    }
+}
+
+impl WaitFor {
+    /// Whether `object` (`None`: it does not exist) is what is waited for; if not, what it is
+    /// now, for the message when the wait times out.
+    ///
+    /// # Errors
+    /// What the object is now, when it is not yet what is waited for.
+    pub fn check(&self, object: Option<&serde_json::Value>) -> Result<(), String> {
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        match (self, object) {
+            (WaitFor::Delete, None) | (WaitFor::Create, Some(_)) => Ok(()),
+            (WaitFor::Delete, Some(_)) => Err("it exists".into()),
+            (_, None) => Err("it does not exist".into()),
+            (WaitFor::Condition { kind, status }, Some(o)) => {
+                let found = o
+                    .pointer("/status/conditions")
+                    .and_then(serde_json::Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .find(|c| {
+                        c.get("type")
+                            .and_then(serde_json::Value::as_str)
+                            .is_some_and(|t| t.eq_ignore_ascii_case(kind))
+                    });
+                match found {
+                    None => Err(format!("it has no {kind} condition")),
+                    Some(c) => {
+                        let now = c.get("status").map(text).unwrap_or_default();
+                        if now.eq_ignore_ascii_case(status) {
+                            Ok(())
+                        } else {
+                            let why = c
+                                .get("reason")
+                                .map(text)
+                                .filter(|r| !r.is_empty())
+                                .map(|r| format!(" ({r})"))
+                                .unwrap_or_default();
+                            Err(format!("condition {kind} is {now}{why}"))
+                        }
+                    }
+                }
+            }
+            (
+                WaitFor::Field {
+                    path,
+                    pointer,
+                    value,
+                },
+                Some(o),
+            ) => match (o.pointer(pointer), value) {
+                (None, _) => Err(format!("{{{path}}} is not set")),
+                (Some(_), None) => Ok(()),
+                (Some(now), Some(value)) if text(now) == *value => Ok(()),
+                (Some(now), Some(_)) => Err(format!("{{{path}}} is {}", text(now))),
+            },
+        }
+    }
+}
+
+/// `--for`: kubectl's forms.
+fn wait_for(text: &str) -> Result<WaitFor, String> {
+    const FORMS: &str = "write condition=TYPE[=STATUS], jsonpath='{.field.path}'[=VALUE], \
+                         create or delete";
+    if text == "delete" {
+        return Ok(WaitFor::Delete);
+    }
+    if text == "create" {
+        return Ok(WaitFor::Create);
+    }
+    if let Some(rest) = text.strip_prefix("condition=") {
+        let (kind, status) = match rest.split_once('=') {
+            Some((kind, status)) => (kind, status),
+            None => (rest, "True"),
+        };
+        if kind.is_empty() || status.is_empty() {
+            return Err(format!(
+                "{text:?}: a condition needs a type (and a status after '='); {FORMS}"
+            ));
+        }
+        return Ok(WaitFor::Condition {
+            kind: kind.to_owned(),
+            status: status.to_owned(),
+        });
+    }
+    if let Some(rest) = text.strip_prefix("jsonpath=") {
+        let rest = rest.trim_matches('\'');
+        let Some(body) = rest.strip_prefix('{') else {
+            return Err(format!(
+                "{text:?}: a JSONPath is written in braces, as {{.status.phase}}"
+            ));
+        };
+        let Some((path, after)) = body.split_once('}') else {
+            return Err(format!(
+                "{text:?}: the JSONPath's '{{' is not closed by '}}'"
+            ));
+        };
+        let value = match after.trim_matches('\'') {
+            "" => None,
+            v => match v.strip_prefix('=') {
+                Some(v) => Some(v.to_owned()),
+                None => {
+                    return Err(format!(
+                        "{text:?}: after the JSONPath comes '=VALUE' or nothing"
+                    ));
+                }
+            },
+        };
+        let pointer = json_pointer(path).map_err(|why| format!("{text:?}: {why}"))?;
+        return Ok(WaitFor::Field {
+            path: path.to_owned(),
+            pointer,
+            value,
+        });
+    }
+    Err(format!("{text:?}: {FORMS}"))
+}
+
+/// `.a.b[0].c` as the JSON pointer `/a/b/0/c`: the JSONPath subset `wait` reads (fields and
+/// array indices).
+fn json_pointer(path: &str) -> Result<String, String> {
+    let Some(path) = path.strip_prefix('.') else {
+        return Err("the JSONPath starts with '.', as in {.status.phase}".into());
+    };
+    let mut pointer = String::new();
+    for field in path.split('.') {
+        let (name, indices) = match field.find('[') {
+            Some(i) => (&field[..i], &field[i..]),
+            None => (field, ""),
+        };
+        if name.is_empty() {
+            return Err(format!("an empty field name in {path:?}"));
+        }
+        pointer.push('/');
+        pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
+        let mut rest = indices;
+        while !rest.is_empty() {
+            let Some((index, after)) = rest.strip_prefix('[').and_then(|r| r.split_once(']'))
+            else {
+                return Err(format!("{field:?}: an index is written [N]"));
+            };
+            if index.parse::<usize>().is_err() {
+                return Err(format!(
+                    "{field:?}: [{index}] is not an array index (filters are not supported)"
+                ));
+            }
+            pointer.push('/');
+            pointer.push_str(index);
+            rest = after;
+        }
+    }
+    Ok(pointer)
+}
+
+/// A duration as kubectl writes one: `30s`, `2m`, `1h30m`, `500ms` (a bare number is seconds).
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(seconds));
+    }
+    let mut total = std::time::Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(digits);
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let n: u64 = number.parse().map_err(|_| {
+            format!("{text:?} is not a duration: write it as 30s, 2m, 1h30m or 500ms")
+        })?;
+        let part = match unit {
+            "ms" => std::time::Duration::from_millis(n),
+            "s" => std::time::Duration::from_secs(n),
+            "m" => std::time::Duration::from_secs(n * 60),
+            "h" => std::time::Duration::from_secs(n * 3600),
+            _ => {
+                return Err(format!(
+                    "{text:?} is not a duration: write it as 30s, 2m, 1h30m or 500ms"
+                ));
+            }
+        };
+        total += part;
+        rest = after;
+    }
+    if text.is_empty() {
+        return Err("an empty duration: write it as 30s, 2m, 1h30m or 500ms".into());
+    }
+    Ok(total)
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WaitArgs {
+    /// Kind of object (vm, vmi, snapshot, ...).
+    pub kind: String,
+    /// Name of the object.
+    pub name: String,
+    /// condition=TYPE[=STATUS], jsonpath='{.field.path}'[=VALUE], create or delete.
+    #[arg(long = "for", value_name = "CONDITION", value_parser = wait_for)]
+    pub wait_for: WaitFor,
+    /// Give up after this long (30s, 2m, 1h30m, 500ms).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    pub timeout: std::time::Duration,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct LifecycleArgs {
     /// Name of the VM.
@@ -911,6 +1178,69 @@ fn without_client_flags_in_usage(usage: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::{duration, wait_for};
+
+    #[test]
+    fn wait_for_reads_kubectls_forms_and_checks_objects() {
+        use serde_json::json;
+        let parse = |t: &str| wait_for(t).unwrap_or_else(|e| panic!("{e}"));
+        let vm = json!({"status": {"printableStatus": "Running",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "Starting"}],
+            "volumes": [{"name": "root"}]}});
+        assert_eq!(
+            parse("condition=Ready").check(Some(&vm)),
+            Err("condition Ready is False (Starting)".into())
+        );
+        assert_eq!(parse("condition=ready=false").check(Some(&vm)), Ok(()));
+        assert_eq!(
+            parse("condition=Paused").check(Some(&vm)),
+            Err("it has no Paused condition".into())
+        );
+        assert_eq!(
+            parse("jsonpath={.status.printableStatus}=Running").check(Some(&vm)),
+            Ok(())
+        );
+        assert_eq!(
+            parse("jsonpath='{.status.volumes[0].name}'=root").check(Some(&vm)),
+            Ok(())
+        );
+        assert_eq!(
+            parse("jsonpath={.status.phase}").check(Some(&vm)),
+            Err("{.status.phase} is not set".into())
+        );
+        assert_eq!(
+            parse("jsonpath={.status.printableStatus}=Stopped").check(Some(&vm)),
+            Err("{.status.printableStatus} is Running".into())
+        );
+        assert_eq!(parse("delete").check(None), Ok(()));
+        assert_eq!(parse("delete").check(Some(&vm)), Err("it exists".into()));
+        assert_eq!(parse("create").check(Some(&vm)), Ok(()));
+        assert_eq!(
+            parse("condition=Ready").check(None),
+            Err("it does not exist".into())
+        );
+        for bad in [
+            "ready",
+            "condition=",
+            "jsonpath=.status",
+            "jsonpath={.a[x]}",
+            "jsonpath={a}",
+        ] {
+            assert!(wait_for(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn durations_are_written_as_kubectl_writes_them() {
+        use std::time::Duration;
+        assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("45"), Ok(Duration::from_secs(45)));
+        for bad in ["", "s", "3d", "1.5s", "-1s"] {
+            assert!(duration(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
 
     use clap::CommandFactory;
 

@@ -10,7 +10,7 @@ use tonic::{Request, Status};
 
 use crate::cli::{
     ApplyArgs, AuditArgs, DeleteArgs, DescribeArgs, DiffArgs, ExpandArgs, GetArgs, GlobalArgs,
-    HistoryArgs, LifecycleArgs, MetadataArgs, Output, PatchArgs, PatchType, WatchArgs,
+    HistoryArgs, LifecycleArgs, MetadataArgs, Output, PatchArgs, PatchType, WaitArgs, WatchArgs,
 };
 use crate::input::{self, Unit};
 use crate::pb;
@@ -807,6 +807,109 @@ pub async fn label(
         Ok(())
     })
     .await
+}
+
+/// How long `wait` goes without reading the object again when no event names it.
+const REREAD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `wait`: until the object is what `--for` says, or `--timeout` passes. It watches the
+/// namespace's events from before its first read, and reads the object again after each event
+/// that names it, so no change between a read and the next event goes unseen.
+pub async fn wait(c: &mut Clients, g: &GlobalArgs, a: &WaitArgs) -> anyhow::Result<()> {
+    let mut now = String::from("it was not read");
+    let waited = tokio::time::timeout(a.timeout, wait_until(c, g, a, &mut now)).await;
+    let object = format!("{} {}", a.kind, a.name);
+    match waited {
+        Ok(Ok(kind)) => {
+            println!("{}/{} condition met", print::short_kind(&kind), a.name);
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => bail!(
+            "timed out after {:?} waiting for {} of {object}: {now}",
+            a.timeout,
+            a.wait_for
+        ),
+    }
+}
+
+/// The waiting itself: returns the object's kind (as the server names it) once it holds;
+/// `now` says what the object was at the last read.
+async fn wait_until(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    a: &WaitArgs,
+    now: &mut String,
+) -> anyhow::Result<String> {
+    // Subscribed first: the server places a watch without a position at its head when asked,
+    // so every event after the first read below is delivered.
+    let mut events = c
+        .watch
+        .watch(pb::WatchRequest {
+            kind: String::new(),
+            namespace: g.namespace.clone(),
+            all_namespaces: false,
+            from_position: None,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let mut seen = 0;
+    loop {
+        let read = c
+            .objects
+            .get(pb::GetRequest {
+                r#ref: Some(pb::ObjectRef {
+                    kind: a.kind.clone(),
+                    namespace: g.namespace.clone(),
+                    name: a.name.clone(),
+                }),
+                at: None,
+                min_position: seen,
+            })
+            .await;
+        let object = match read {
+            Ok(r) => r.into_inner().object,
+            Err(status) if status.code() == tonic::Code::NotFound => None,
+            Err(status) => return Err(status_error(status)),
+        };
+        let doc = match &object {
+            Some(o) => Some(
+                serde_json::from_str::<serde_json::Value>(&o.json).with_context(|| {
+                    format!(
+                        "{} {}: the server sent an object that is not JSON",
+                        a.kind, a.name
+                    )
+                })?,
+            ),
+            None => None,
+        };
+        match a.wait_for.check(doc.as_ref()) {
+            Ok(()) => {
+                return Ok(match object {
+                    Some(o) => o.kind,
+                    None => vmplane_core::types::Kind::from_cli_name(&a.kind)
+                        .map(|k| k.as_str().to_owned())
+                        .unwrap_or_else(|| a.kind.clone()),
+                });
+            }
+            Err(state) => *now = state,
+        }
+        // The next event about this object (by name: a VM's stream also carries its VMI's),
+        // or a second without one: read again then anyway (a cluster-wide object's events are
+        // in no namespace's watch).
+        loop {
+            let next = tokio::time::timeout(REREAD_EVERY, events.message()).await;
+            let Ok(next) = next else { break };
+            let Some(event) = next.map_err(status_error)? else {
+                bail!("the server ended the watch");
+            };
+            if event.name == a.name {
+                seen = event.position;
+                break;
+            }
+        }
+    }
 }
 
 /// The lifecycle verbs.

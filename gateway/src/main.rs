@@ -90,6 +90,7 @@ fn run_client(
             Command::Get(a) => client::get(&mut c, global, a).await?,
             Command::Delete(a) => client::delete(&mut c, global, a).await?,
             Command::Patch(a) => client::patch(&mut c, global, a).await?,
+            Command::Wait(a) => client::wait(&mut c, global, a).await?,
             Command::Label(a) => client::label(&mut c, global, a, client::Metadata::Labels).await?,
             Command::Annotate(a) => {
                 client::label(&mut c, global, a, client::Metadata::Annotations).await?

@@ -395,6 +395,10 @@ fn render_vm_vmi(snapshot: &Snapshot, s: &VmState) -> Option<ObjectView> {
     if let Some(fw) = &s.firmware {
         status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
     }
+    status.insert(
+        "conditions".into(),
+        json!([vmplane_core::lifecycle::vmi_ready(run).to_json()]),
+    );
     let object = json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
