@@ -440,23 +440,10 @@ fn check_key(key: &str) -> Result<(), String> {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
-    if let Some(prefix) = prefix {
-        let ok = !prefix.is_empty()
-            && prefix.len() <= PREFIX_BYTES_MAX
-            && prefix.split('.').all(|part| {
-                !part.is_empty()
-                    && part
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                    && !part.starts_with('-')
-                    && !part.ends_with('-')
-            });
-        if !ok {
-            return Err(format!(
-                "the prefix must be a lowercase DNS subdomain of at most {PREFIX_BYTES_MAX} \
-                 characters (as in example.com/name)"
-            ));
-        }
+    if let Some(prefix) = prefix
+        && let Some(why) = crate::validate::dns_subdomain(prefix, PREFIX_BYTES_MAX)
+    {
+        return Err(format!("the prefix (as in example.com/name): {why}"));
     }
     if name.is_empty() {
         return Err("the name part must not be empty".into());
@@ -597,7 +584,7 @@ mod tests {
             ("app=-web", "app: value \"-web\": must consist of"),
             (
                 "App_/x=y",
-                "key \"App_/x\": the prefix must be a lowercase DNS subdomain",
+                "key \"App_/x\": the prefix (as in example.com/name): a lowercase RFC 1123 subdomain",
             ),
             (
                 "=web",

@@ -469,7 +469,8 @@ fn dns_label(s: &str) -> Option<String> {
     (!ok).then(|| "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character".to_owned())
 }
 
-fn dns_subdomain(s: &str, max: usize) -> Option<String> {
+/// Why `s` is not a lowercase RFC 1123 subdomain of at most `max` characters, if it is not.
+pub(crate) fn dns_subdomain(s: &str, max: usize) -> Option<String> {
     if s.len() > max {
         return Some(format!("must be no more than {max} characters"));
     }

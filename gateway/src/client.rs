@@ -593,6 +593,29 @@ fn said_deleted(out: &mut impl Write, g: &GlobalArgs, target: &Target<'_>) -> st
     }
 }
 
+/// The object as it is now, read at least as far as `min_position`.
+async fn read_now(
+    c: &mut Clients,
+    object: pb::ObjectRef,
+    min_position: u64,
+) -> Result<pb::Object, tonic::Status> {
+    let read = c
+        .objects
+        .get(pb::GetRequest {
+            r#ref: Some(object),
+            at: None,
+            min_position,
+        })
+        .await?;
+    Ok(read.into_inner().object.unwrap_or_default())
+}
+
+/// An object's JSON as the server sent it.
+fn object_json(object: &pb::Object, kind: &str, name: &str) -> anyhow::Result<serde_json::Value> {
+    serde_json::from_str(&object.json)
+        .with_context(|| format!("{kind} {name}: the server sent an object that is not JSON"))
+}
+
 /// How many times a read-modify-write (`patch`, `label`, `annotate`) reads again after another
 /// write came between its read and its write, before it gives up.
 const REWRITE_ATTEMPTS: u32 = 5;
@@ -612,25 +635,13 @@ async fn rewrite(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let read = c
-            .objects
-            .get(pb::GetRequest {
-                r#ref: Some(pb::ObjectRef {
-                    kind: kind.to_owned(),
-                    namespace: g.namespace.clone(),
-                    name: name.to_owned(),
-                }),
-                at: None,
-                min_position: 0,
-            })
-            .await
-            .map_err(status_error)?
-            .into_inner()
-            .object
-            .unwrap_or_default();
-        let mut doc: serde_json::Value = serde_json::from_str(&read.json).with_context(|| {
-            format!("{kind} {name}: the server sent an object that is not JSON")
-        })?;
+        let object = pb::ObjectRef {
+            kind: kind.to_owned(),
+            namespace: g.namespace.clone(),
+            name: name.to_owned(),
+        };
+        let read = read_now(c, object, 0).await.map_err(status_error)?;
+        let mut doc = object_json(&read, kind, name)?;
         change(&mut doc)?;
         let written = c
             .objects
@@ -856,32 +867,18 @@ async fn wait_until(
         .into_inner();
     let mut seen = 0;
     loop {
-        let read = c
-            .objects
-            .get(pb::GetRequest {
-                r#ref: Some(pb::ObjectRef {
-                    kind: a.kind.clone(),
-                    namespace: g.namespace.clone(),
-                    name: a.name.clone(),
-                }),
-                at: None,
-                min_position: seen,
-            })
-            .await;
-        let object = match read {
-            Ok(r) => r.into_inner().object,
+        let object = pb::ObjectRef {
+            kind: a.kind.clone(),
+            namespace: g.namespace.clone(),
+            name: a.name.clone(),
+        };
+        let object = match read_now(c, object, seen).await {
+            Ok(object) => Some(object),
             Err(status) if status.code() == tonic::Code::NotFound => None,
             Err(status) => return Err(status_error(status)),
         };
         let doc = match &object {
-            Some(o) => Some(
-                serde_json::from_str::<serde_json::Value>(&o.json).with_context(|| {
-                    format!(
-                        "{} {}: the server sent an object that is not JSON",
-                        a.kind, a.name
-                    )
-                })?,
-            ),
+            Some(o) => Some(object_json(o, &a.kind, &a.name)?),
             None => None,
         };
         match a.wait_for.check(doc.as_ref()) {
@@ -1030,18 +1027,7 @@ pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyh
         namespace: g.namespace.clone(),
         name: a.name.clone(),
     };
-    let obj = c
-        .objects
-        .get(pb::GetRequest {
-            r#ref: Some(object.clone()),
-            at: None,
-            min_position: 0,
-        })
-        .await
-        .map_err(status_error)?
-        .into_inner()
-        .object
-        .unwrap_or_default();
+    let obj = read_now(c, object.clone(), 0).await.map_err(status_error)?;
     let history = c
         .history
         .history(pb::HistoryRequest {
