@@ -108,21 +108,28 @@ impl Cli {
         let mut cli = Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))?;
         cli.global.namespace_explicit = namespace_explicit;
         // What clap cannot express: the refusal, as clap words its own, for the subcommand.
-        let refusal = if cli.global.output == Some(Output::Name)
-            && !cli.command.prints_object_names()
-        {
-            let name = subcommand.as_deref().unwrap_or_default();
-            Some((
-                clap::error::ErrorKind::ArgumentConflict,
-                format!(
-                    "-o name prints object names, and `{name}` prints none; use -o table, yaml \
+        let refusal =
+            if cli.global.output == Some(Output::Name) && !cli.command.prints_object_names() {
+                let name = subcommand.as_deref().unwrap_or_default();
+                Some((
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "-o name prints object names, and `{name}` prints none; use -o table, yaml \
                      or json (-o name is for get, apply, import, delete, patch, label, annotate, \
                      wait, snapshot, restore and clone)"
-                ),
-            ))
-        } else {
-            match &cli.command {
+                    ),
+                ))
+            } else {
+                match &cli.command {
                 // (clap's `requires` is not enforced for a flag that defaults to false.)
+                Command::Delete(delete) if delete.all_namespaces && delete.selector.is_none() => {
+                    Some((
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "-A deletes what a selector matches in every namespace: give it with -l \
+                         SELECTOR"
+                            .into(),
+                    ))
+                }
                 Command::Delete(delete) if delete.recursive && delete.file.is_none() => Some((
                     clap::error::ErrorKind::MissingRequiredArgument,
                     "-R reads a directory's subdirectories: give the directory with -f DIR".into(),
@@ -135,7 +142,7 @@ impl Cli {
                 )),
                 _ => None,
             }
-        };
+            };
         if let Some((kind, message)) = refusal {
             cmd.build();
             let sub = cmd
@@ -280,6 +287,7 @@ Examples:
     #[command(
         after_help = "Examples:\n  vmplane delete vm demo\n  vmplane delete instancetype small -n team-a\n  \
                       vmplane delete vms -l app=web              # every VM labelled app=web\n  \
+                      vmplane delete vms -l app=web -A           # in every namespace\n  \
                       vmplane delete -f examples/vm.yaml          # what apply -f created\n  \
                       vmplane delete -f manifests/ -R --ignore-not-found"
     )]
@@ -652,7 +660,7 @@ pub struct DeleteArgs {
     #[arg(required_unless_present = "file", conflicts_with = "file")]
     pub kind: Option<String>,
     /// Name of the object.
-    #[arg(required_unless_present_any = ["file", "selector"], conflicts_with = "file")]
+    #[arg(required_unless_present_any = ["file", "selector", "all_namespaces"], conflicts_with = "file")]
     pub name: Option<String>,
     /// Delete every object of KIND in the namespace whose labels match this selector
     /// (Kubernetes' syntax, as `get -l`).
@@ -672,6 +680,9 @@ pub struct DeleteArgs {
     /// Delete only if the object's generation is this one.
     #[arg(long, value_name = "N", conflicts_with = "file")]
     pub expected_generation: Option<u64>,
+    /// With -l: the matching objects of every namespace the caller may read.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
 }
 
 #[derive(Debug, Clone, Args)]

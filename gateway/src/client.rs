@@ -463,7 +463,7 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
             name,
         };
         if delete_one(c, a, &target).await.map_err(status_error)? {
-            said_deleted(&mut out, g, &target)?;
+            said_deleted(&mut out, g, &target, false)?;
         }
         return Ok(());
     };
@@ -492,7 +492,7 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
             name,
         };
         match delete_one(c, a, &target).await {
-            Ok(true) => said_deleted(&mut out, g, &target)?,
+            Ok(true) => said_deleted(&mut out, g, &target, false)?,
             Ok(false) => {}
             Err(status) => failures.push(status_error(located(status, &unit, &g.namespace))),
         }
@@ -516,7 +516,7 @@ async fn delete_selected(
         g,
         ListQuery {
             kind,
-            all_namespaces: false,
+            all_namespaces: a.all_namespaces,
             chunk_size: 500,
             at: None,
             selector,
@@ -524,7 +524,11 @@ async fn delete_selected(
     )
     .await?;
     if listed.items.is_empty() {
-        eprintln!("No resources found in namespace {}.", g.namespace);
+        if a.all_namespaces {
+            eprintln!("No resources found in any namespace.");
+        } else {
+            eprintln!("No resources found in namespace {}.", g.namespace);
+        }
         return Ok(());
     }
     let total = listed.items.len();
@@ -540,7 +544,7 @@ async fn delete_selected(
             name: &item.name,
         };
         match delete_one(c, &tolerant, &target).await {
-            Ok(true) => said_deleted(out, g, &target)?,
+            Ok(true) => said_deleted(out, g, &target, a.all_namespaces)?,
             Ok(false) => {}
             Err(status) => failures.push(status_error(status)),
         }
@@ -581,15 +585,25 @@ async fn delete_one(
     }
 }
 
-/// `KIND/NAME deleted` (`KIND/NAME` with `-o name`).
-fn said_deleted(out: &mut impl Write, g: &GlobalArgs, target: &Target<'_>) -> std::io::Result<()> {
+/// `KIND/NAME deleted` (`KIND/NAME` with `-o name`), `… deleted from namespace NS` when
+/// `with_ns` (a delete across namespaces, where names alone are ambiguous).
+fn said_deleted(
+    out: &mut impl Write,
+    g: &GlobalArgs,
+    target: &Target<'_>,
+    with_ns: bool,
+) -> std::io::Result<()> {
     let kind = vmplane_core::types::Kind::from_cli_name(target.kind)
         .map(|k| print::short_kind(k.as_str()))
         .unwrap_or_else(|| print::short_kind_of_arg(target.kind));
-    if g.output == Some(Output::Name) {
-        writeln!(out, "{kind}/{}", target.name)
-    } else {
-        writeln!(out, "{kind}/{} deleted", target.name)
+    match (g.output == Some(Output::Name), with_ns) {
+        (true, _) => writeln!(out, "{kind}/{}", target.name),
+        (false, false) => writeln!(out, "{kind}/{} deleted", target.name),
+        (false, true) => writeln!(
+            out,
+            "{kind}/{} deleted from namespace {}",
+            target.name, target.namespace
+        ),
     }
 }
 

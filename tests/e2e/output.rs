@@ -783,4 +783,11 @@ fn label_selectors_choose_what_get_lists_and_what_delete_deletes() {
     let (code, out, err) = vmplane.run(&["delete", "vms", "-n", ns, "-l", "tier=web"]);
     assert_eq!((code, out.as_str()), (0, ""), "{err}");
     assert_eq!(err, format!("No resources found in namespace {ns}.\n"));
+    // -A: every namespace, each named; -A without -l is refused.
+    assert_eq!(
+        vmplane.ok(&["delete", "vms", "-A", "-l", "tier=db,env=prod"]),
+        format!("virtualmachine/db-1 deleted from namespace {ns}\n")
+    );
+    let line = vmplane.fails(&["delete", "vms", "-A"]);
+    assert!(line.contains("-l SELECTOR"), "{line}");
 }
