@@ -172,16 +172,9 @@ fn label_selector(value: &str) -> Result<String, String> {
 /// A label key for `-L`: checked as a selector's key is.
 fn label_key(value: &str) -> Result<String, String> {
     let value = value.trim();
-    match vmplane_core::selector::LabelSelector::parse(value) {
-        Ok(s)
-            if matches!(s.requirements(), [r] if r.key == value
-            && r.operator == vmplane_core::selector::Operator::Exists) =>
-        {
-            Ok(value.to_owned())
-        }
-        Ok(_) => Err(format!("{value:?} is not one label key")),
-        Err(e) => Err(e.reason),
-    }
+    vmplane_core::selector::check_label_key(value)
+        .map(|()| value.to_owned())
+        .map_err(|why| format!("{value:?} is not one label key: {why}"))
 }
 
 /// How results are printed.

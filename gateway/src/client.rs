@@ -793,7 +793,10 @@ pub async fn label(
         changes.push((key.to_owned(), value.map(str::to_owned)));
     }
     let (kind, name) = (a.kind.as_str(), a.name.as_str());
-    rewrite(c, g, (kind, name), a.dry_run, done, |doc| {
+    // Keys to remove that the object (as last read) did not have: said once, after the write.
+    let missing = std::cell::RefCell::new(Vec::new());
+    let written = rewrite(c, g, (kind, name), a.dry_run, done, |doc| {
+        missing.borrow_mut().clear();
         let metadata = doc
             .as_object_mut()
             .and_then(|o| o.get_mut("metadata"))
@@ -824,14 +827,18 @@ pub async fn label(
                 }
                 None => {
                     if map.remove(key).is_none() {
-                        eprintln!("{noun} {key:?} not found.");
+                        missing.borrow_mut().push(key.clone());
                     }
                 }
             }
         }
         Ok(())
     })
-    .await
+    .await;
+    for key in missing.into_inner() {
+        eprintln!("{noun} {key:?} not found.");
+    }
+    written
 }
 
 /// How long `wait` goes without reading the object again when no event names it.

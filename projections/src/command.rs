@@ -164,9 +164,10 @@ pub struct CommandMeta {
     pub expected_position: Option<Position>,
 }
 
-/// Refuses a decision on `snapshot` when `meta` expects the stream at another position.
-fn check_expected(meta: &CommandMeta, snapshot: &Snapshot) -> Result<(), CommandError> {
-    match meta.expected_position {
+/// Refuses a decision on `snapshot` when the stream is expected at another position
+/// ([`CommandMeta::expected_position`]).
+fn check_expected(expected: Option<Position>, snapshot: &Snapshot) -> Result<(), CommandError> {
+    match expected {
         Some(expected) if expected != snapshot.position => Err(CommandError::Rejected(
             Rejection::stale(expected.0, snapshot.position.0),
         )),
@@ -303,7 +304,7 @@ impl CommandHandler {
         loop {
             attempts += 1;
             let (snapshot, revision) = self.load(&stream, kind)?;
-            check_expected(meta, &snapshot)?;
+            check_expected(meta.expected_position, &snapshot)?;
             let command = self.resolve(&snapshot.state, &command)?;
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
             let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
@@ -369,7 +370,7 @@ impl CommandHandler {
             let Some((snapshot, revision)) = snapshot else {
                 return Ok(AsyncExecuted::Blocking(command));
             };
-            check_expected(meta, &snapshot)?;
+            check_expected(meta.expected_position, &snapshot)?;
             if needs_resolving(&snapshot.state, &command) {
                 return Ok(AsyncExecuted::Blocking(command));
             }
@@ -547,14 +548,7 @@ impl CommandHandler {
         command: Command,
         expected: Option<Position>,
     ) -> Result<Outcome, CommandError> {
-        let (snapshot, _) = self.load(&command.stream(), command.kind())?;
-        let meta = CommandMeta {
-            expected_position: expected,
-            ..CommandMeta::default()
-        };
-        check_expected(&meta, &snapshot)?;
-        let command = self.resolve(&snapshot.state, &command)?;
-        let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+        let (_, decision) = self.decided(&command, expected)?;
         // What the append would check too: the uniqueness claims (a firmware UUID another VM
         // holds), against the holders now.
         let claims = store_claims(&decision);
@@ -570,8 +564,15 @@ impl CommandHandler {
     }
 
     /// `command` decided on the current state (references resolved), nothing appended.
-    fn decided(&self, command: &Command) -> Result<(Arc<Snapshot>, Decision), CommandError> {
+    /// Refused as a conflict first when the stream's last event is not at `expected`
+    /// ([`CommandMeta::expected_position`]).
+    fn decided(
+        &self,
+        command: &Command,
+        expected: Option<Position>,
+    ) -> Result<(Arc<Snapshot>, Decision), CommandError> {
         let (snapshot, _) = self.load(&command.stream(), command.kind())?;
+        check_expected(expected, &snapshot)?;
         let command = self.resolve(&snapshot.state, command)?;
         let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
         Ok((snapshot, decision))
@@ -580,7 +581,7 @@ impl CommandHandler {
     /// The outcome of `command` and the state it would leave: decided on the current state
     /// and folded, never appended.
     fn preview(&self, command: Command) -> Result<(Outcome, AggState), CommandError> {
-        let (snapshot, mut decision) = self.decided(&command)?;
+        let (snapshot, mut decision) = self.decided(&command, None)?;
         let after = after_decision(&snapshot, &mut decision);
         Ok((decision.outcome, after.state))
     }
