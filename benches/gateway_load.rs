@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo run --release -p vmplane-benches --bin gateway-load            # 1, 16, 64 clients
 //! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5    # 64 clients, 5 s each
+//! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5 file   # the file backend
 //! ```
 //!
 //! Prints, per concurrency, a row for each kind of request: creates, updates, dry-run creates
@@ -24,7 +25,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use vmplane_gateway::cli::{Backend, ServeArgs};
 use vmplane_gateway::pb;
-use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, ProposedEvent, SledLog};
+use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, FileLog, ProposedEvent, SledLog};
 
 /// The `vmplane` binary's allocator, so the figures are the binary's.
 #[global_allocator]
@@ -212,9 +213,12 @@ async fn drive(
 }
 
 /// The log alone: `writers` threads appending one ~300-byte event each, durable, for `run`.
-fn log_baseline(writers: usize, run: Duration) -> f64 {
+fn log_baseline(backend: Backend, writers: usize, run: Duration) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
-    let log = Arc::new(SledLog::open(dir.path().join("log")).expect("open log"));
+    let log: Arc<dyn EventLog> = match backend {
+        Backend::File => Arc::new(FileLog::open(dir.path().join("log")).expect("open log")),
+        _ => Arc::new(SledLog::open(dir.path().join("log")).expect("open log")),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let handles: Vec<_> = (0..writers)
@@ -262,6 +266,12 @@ fn main() -> anyhow::Result<()> {
         None => vec![1, 16, 64],
     };
     let run = Duration::from_secs(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(5));
+    let backend = match args.get(2).map(String::as_str) {
+        None | Some("sled") => Backend::Sled,
+        Some("file") => Backend::File,
+        Some(other) => anyhow::bail!("backend {other}: expected sled or file"),
+    };
+    println!("backend: {}", backend.name());
 
     let dir = tempfile::tempdir()?;
     let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -274,7 +284,7 @@ fn main() -> anyhow::Result<()> {
     let serve = ServeArgs {
         data: dir.path().join("data"),
         listen: addr,
-        backend: Backend::Sled,
+        backend,
         auth: None,
         metrics_listen: None,
         tls_cert: None,
@@ -316,7 +326,8 @@ fn main() -> anyhow::Result<()> {
             let update = drive(&channels, clients, run, Load::Update, round).await;
             let dry_run = drive(&channels, clients, run, Load::DryRun, round).await;
             let floor = drive(&channels, clients, run, Load::HealthCheck, round).await;
-            let log = tokio::task::spawn_blocking(move || log_baseline(clients, run)).await?;
+            let log =
+                tokio::task::spawn_blocking(move || log_baseline(backend, clients, run)).await?;
             let row = |what: &str, p: &Phase| {
                 println!(
                     "{:>7} | {:<22} | {:>9.0} {:>9.2?} {:>9.2?} {:>15} | {:>11.2}x",

@@ -31,7 +31,9 @@ pub struct Cli {
 /// Flags every client command accepts.
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
-    /// The vmplane server to talk to.
+    /// The vmplane server to talk to: a URL (`http://HOST:PORT`, or `https://` for a TLS
+    /// server), or a bare `HOST:PORT` as the server's ready line prints it, taken as `http://`
+    /// (as `https://` when --ca-cert is given).
     #[arg(
         long,
         global = true,
@@ -499,6 +501,10 @@ pub enum AdminCommand {
 pub enum Backend {
     /// The embedded log on sled, in `--data`.
     Sled,
+    /// The embedded log in one append-only file in `--data` (`events.vpl`), its indexes in
+    /// memory: each commit is one write and one fdatasync, with no storage engine in between.
+    /// Opening reads the whole file.
+    File,
     /// The log on an etcd cluster (`--etcd-endpoints`), shared by several vmplane servers;
     /// `--data` then holds only this server's projection checkpoint.
     Etcd,
@@ -509,6 +515,7 @@ impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Sled => "sled",
+            Backend::File => "file",
             Backend::Etcd => "etcd",
         }
     }

@@ -25,7 +25,7 @@ use anyhow::Context;
 use vmplane_hypervisor::{Nodes, Reconciler, WakeHandle};
 use vmplane_projections::Projections;
 use vmplane_projections::command::{CommandHandler, CommandOptions};
-use vmplane_store::{EventLog, Fence, FencedLog, SledLog};
+use vmplane_store::{EventLog, Fence, FencedLog};
 use vmplane_store_etcd::{Election, Term};
 
 use crate::control::ServerControlPlane;
@@ -41,29 +41,30 @@ const SUPERVISE_POLL: Duration = Duration::from_millis(100);
 
 /// Where the reconciler's leadership comes from, per backend.
 pub enum Leadership {
-    /// The embedded log: this process is the only one, so it leads.
-    Sled(Arc<SledLog>),
+    /// An embedded log (sled, file): this process is the only one, so it leads, taking each
+    /// term's fence from the log.
+    Local(Arc<dyn Fn(&str) -> Fence + Send + Sync>),
     /// The log on etcd: an election among the servers sharing it.
     Etcd(Box<Election>),
 }
 
 /// One term, whichever the backend.
 enum HeldTerm {
-    Sled(Fence),
+    Local(Fence),
     Etcd(Box<Term>),
 }
 
 impl HeldTerm {
     fn fence(&self) -> &Fence {
         match self {
-            HeldTerm::Sled(fence) => fence,
+            HeldTerm::Local(fence) => fence,
             HeldTerm::Etcd(term) => term.fence(),
         }
     }
 
     fn wait_lost(&self, timeout: Duration) -> Option<String> {
         match self {
-            HeldTerm::Sled(_) => {
+            HeldTerm::Local(_) => {
                 std::thread::sleep(timeout);
                 None
             }
@@ -81,8 +82,8 @@ impl HeldTerm {
 impl Leadership {
     fn campaign(&self, give_up: &dyn Fn() -> bool) -> anyhow::Result<Option<HeldTerm>> {
         match self {
-            Leadership::Sled(log) => {
-                Ok(Some(HeldTerm::Sled(log.take_fence(RECONCILER_LEADERSHIP))))
+            Leadership::Local(take_fence) => {
+                Ok(Some(HeldTerm::Local(take_fence(RECONCILER_LEADERSHIP))))
             }
             Leadership::Etcd(election) => Ok(election
                 .campaign(give_up)
@@ -199,7 +200,7 @@ fn lead(term: &HeldTerm, parts: &SupervisorParts, stop: &AtomicBool) -> anyhow::
         CommandOptions::default(),
     ));
     let term_over: Arc<dyn Fn() -> Option<String> + Send + Sync> = match term {
-        HeldTerm::Sled(_) => Arc::new(|| None),
+        HeldTerm::Local(_) => Arc::new(|| None),
         // The term's own view (no etcd call), shared with the control plane.
         HeldTerm::Etcd(t) => Arc::new(t.lost_check()),
     };

@@ -271,12 +271,60 @@ fn incoming(
     })
 }
 
+/// Which embedded backend's log `data` holds, if either's: sled keeps its `db` file there, the
+/// file backend its `events.vpl`.
+pub fn embedded_backend_of(data: &std::path::Path) -> Option<Backend> {
+    if data.join(vmplane_store::file_log::LOG_FILE).exists() {
+        Some(Backend::File)
+    } else if data.join("db").exists() {
+        Some(Backend::Sled)
+    } else {
+        None
+    }
+}
+
 /// Opens the log on a blocking thread (sled's open does I/O and may panic on damaged files;
 /// the store turns that panic into an error), and where the reconciler's leadership comes from.
 async fn open_log(
     args: &ServeArgs,
 ) -> anyhow::Result<(Arc<dyn vmplane_store::EventLog>, Leadership)> {
+    if let Some(found) = embedded_backend_of(&args.data)
+        && args.backend != Backend::Etcd
+        && found != args.backend
+    {
+        bail!(
+            "--data {} holds a {} log, not a {} one: serve it with --backend {}, or move a \
+             backup into --backend {} with `vmplane admin restore --backend {}`",
+            args.data.display(),
+            found.name(),
+            args.backend.name(),
+            found.name(),
+            args.backend.name(),
+            args.backend.name()
+        );
+    }
     match args.backend {
+        Backend::File => {
+            let dir = args.data.clone();
+            let log = tokio::task::spawn_blocking(move || vmplane_store::FileLog::open(&dir))
+                .await
+                .context("open the log")?
+                .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
+            let report = log.open_report();
+            if report.torn_tail_bytes > 0 {
+                eprintln!(
+                    "vmplane: the log ended in a partly written record of {} bytes (a commit \
+                     never acknowledged, cut short by a crash): cut off",
+                    report.torn_tail_bytes
+                );
+            }
+            let log = Arc::new(log);
+            let fences = Arc::clone(&log);
+            Ok((
+                log,
+                Leadership::Local(Arc::new(move |name: &str| fences.take_fence(name))),
+            ))
+        }
         Backend::Sled => {
             let dir = args.data.clone();
             let options = vmplane_store::SledOptions {
@@ -294,7 +342,11 @@ async fn open_log(
             // blocking thread until its commit.
             log.start_committer()
                 .with_context(|| format!("--data {}: cannot start the log", args.data.display()))?;
-            Ok((log.clone(), Leadership::Sled(log)))
+            let fences = Arc::clone(&log);
+            Ok((
+                log,
+                Leadership::Local(Arc::new(move |name: &str| fences.take_fence(name))),
+            ))
         }
         Backend::Etcd => {
             let mut options = vmplane_store_etcd::EtcdOptions::new(

@@ -147,7 +147,7 @@ impl ServerTls {
 /// given, else the webpki roots; `http://` in plaintext (and a `ca_cert` then refused: the user
 /// asked for verification a plaintext connection cannot give).
 pub fn client_endpoint(server: &str, ca_cert: Option<&Path>) -> anyhow::Result<Endpoint> {
-    let endpoint = Endpoint::from_shared(server.to_string())
+    let endpoint = Endpoint::from_shared(with_scheme(server, ca_cert))
         .map_err(|e| anyhow::anyhow!("--server {server}: not a valid URL: {e}"))?;
     let https = endpoint.uri().scheme_str() == Some("https");
     if !https {
@@ -172,6 +172,18 @@ pub fn client_endpoint(server: &str, ca_cert: Option<&Path>) -> anyhow::Result<E
     endpoint
         .tls_config(tls)
         .map_err(|e| anyhow::anyhow!("--server {server}: cannot set up TLS: {e}"))
+}
+
+/// `server` as a URL: a bare `HOST:PORT` (what the server's ready line prints) gets the scheme
+/// kubectl would give it, `https://` when a CA to verify it is given, else `http://`.
+fn with_scheme(server: &str, ca_cert: Option<&Path>) -> String {
+    if server.contains("://") {
+        server.to_string()
+    } else if ca_cert.is_some() {
+        format!("https://{server}")
+    } else {
+        format!("http://{server}")
+    }
 }
 
 /// What a failed call on a [`ClientChannel`] reports to tonic, which finds a `Status` in it.
@@ -422,6 +434,21 @@ mod tests {
             client_endpoint("http://127.0.0.1:1", Some(Path::new("ca.pem"))).expect_err("refused");
         assert!(err.to_string().contains("--ca-cert ca.pem"), "{err}");
         assert!(client_endpoint("http://127.0.0.1:1", None).is_ok());
+    }
+
+    #[test]
+    fn a_bare_host_and_port_gets_the_scheme_kubectl_would_give_it() {
+        let plain = client_endpoint("127.0.0.1:1", None).expect("plaintext");
+        assert_eq!(plain.uri().scheme_str(), Some("http"));
+        assert_eq!(
+            plain.uri().authority().map(|a| a.as_str()),
+            Some("127.0.0.1:1")
+        );
+        assert_eq!(
+            with_scheme("localhost:1", Some(Path::new("ca.pem"))),
+            "https://localhost:1"
+        );
+        assert_eq!(with_scheme("https://h:1", None), "https://h:1");
     }
 
     #[test]

@@ -50,6 +50,27 @@ pub(crate) struct StoredEvent {
     pub hash: [u8; 32],
 }
 
+impl StoredEvent {
+    /// This event as the log hands it out (to hash it before it is written).
+    pub fn as_event_ref(&self) -> RecordedEventRef<'_> {
+        RecordedEventRef {
+            position: Position(self.position),
+            stream: &self.stream,
+            revision: self.revision,
+            id: self.id,
+            recorded_at: Timestamp(self.recorded_at),
+            actor: &self.actor,
+            correlation_id: self.correlation_id,
+            causation_id: self.causation_id,
+            event_type: &self.event_type,
+            schema_version: self.schema_version,
+            payload: &self.payload,
+            prev_hash: &self.prev_hash,
+            hash: &self.hash,
+        }
+    }
+}
+
 /// Archives a byte vector with its bytes 16-aligned, so a payload that is itself an rkyv archive
 /// can usually be read in place.
 pub(crate) struct Align16;

@@ -66,6 +66,8 @@
 
 mod batch;
 pub mod error;
+pub mod file_log;
+mod group;
 pub mod hash;
 pub mod log;
 pub mod sled_log;
@@ -76,6 +78,7 @@ pub mod types;
 pub mod contract;
 
 pub use error::{Error, Result};
+pub use file_log::{FileLog, FileOptions};
 pub use log::{EventLog, FencedLog, PayloadValidator, Subscription, Visitor, check_request};
 pub use sled_log::{Clock, CommitStats, SledLog, SledOptions};
 pub use submit::{Appended, PendingAppend, Submitted};

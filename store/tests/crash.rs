@@ -19,9 +19,21 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use uuid::Uuid;
-use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, Position, ProposedEvent, SledLog};
+use vmplane_store::{
+    AppendRequest, EventLog, ExpectedRevision, FileLog, Position, ProposedEvent, SledLog,
+};
 
 const CHILD_DIR_ENV: &str = "VMPLANE_CRASH_CHILD_DIR";
+/// Which backend the child opens: `sled` or `file`.
+const CHILD_BACKEND_ENV: &str = "VMPLANE_CRASH_CHILD_BACKEND";
+
+/// Opens the log of `backend` in `dir`.
+fn open(backend: &str, dir: &Path) -> Arc<dyn EventLog> {
+    match backend {
+        "file" => Arc::new(FileLog::open(dir).expect("open the file log")),
+        _ => Arc::new(SledLog::open(dir).expect("open the sled log")),
+    }
+}
 const WRITERS: usize = 6;
 
 /// One acknowledged append, as the child printed it.
@@ -45,7 +57,8 @@ fn crash_child() {
         return;
     };
     let dir = PathBuf::from(dir);
-    let log = Arc::new(SledLog::open(&dir).expect("child: open"));
+    let backend = std::env::var(CHILD_BACKEND_ENV).unwrap_or_default();
+    let log = open(&backend, &dir);
     let acks = read_acks(&dir.join("acks"));
     match check(&*log, &acks) {
         Ok(head) => println!("verified {head}"),
@@ -182,6 +195,15 @@ fn check(log: &dyn EventLog, acks: &[Ack]) -> Result<u64, String> {
 
 #[test]
 fn acknowledged_appends_survive_sigkill_at_random_moments() {
+    survive_sigkill("sled");
+}
+
+#[test]
+fn acknowledged_appends_to_the_file_log_survive_sigkill_at_random_moments() {
+    survive_sigkill("file");
+}
+
+fn survive_sigkill(backend: &str) {
     let cycles: usize = std::env::var("VMPLANE_CRASH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -190,7 +212,7 @@ fn acknowledged_appends_survive_sigkill_at_random_moments() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| rand::thread_rng().r#gen());
-    eprintln!("crash test: {cycles} cycles, VMPLANE_CRASH_SEED={seed}");
+    eprintln!("crash test ({backend}): {cycles} cycles, VMPLANE_CRASH_SEED={seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().expect("temp dir");
     let store = dir.path().join("store");
@@ -204,6 +226,7 @@ fn acknowledged_appends_survive_sigkill_at_random_moments() {
         let mut child = Command::new(&exe)
             .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
             .env(CHILD_DIR_ENV, &store)
+            .env(CHILD_BACKEND_ENV, backend)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -273,8 +296,8 @@ fn acknowledged_appends_survive_sigkill_at_random_moments() {
     );
     assert!(acked_total > cycles, "the children made progress");
     // The final restart (the last child verified too; check once more from this process).
-    let log = SledLog::open(&store).expect("final open");
+    let log = open(backend, &store);
     let acks = read_acks(&acks_path);
-    let head = check(&log, &acks).unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+    let head = check(&*log, &acks).unwrap_or_else(|err| panic!("seed {seed}: {err}"));
     assert!(head >= acks.len() as u64);
 }

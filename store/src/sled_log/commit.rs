@@ -21,14 +21,11 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::fs::File;
-use std::future::Future;
 use std::os::unix::fs::MetadataExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Weak};
 
 use uuid::Uuid;
 
@@ -40,8 +37,12 @@ use crate::hash::event_hash;
 use crate::log::{check_request, decide_append};
 // How one request was decided: the same outcomes on every backend.
 use crate::log::AppendDecision as Decision;
-use crate::submit::{Appended, PendingAppend, Submitted};
-use crate::types::{AppendRequest, AppendResult, Position, RecordedEventRef, Revision, Timestamp};
+// Fail points inject it only with the `failpoints` feature.
+#[cfg_attr(not(feature = "failpoints"), allow(unused_imports))]
+use crate::group::injected;
+use crate::group::{Committer, Slot, SlotFuture, SlotState};
+use crate::submit::{PendingAppend, Submitted};
+use crate::types::{AppendRequest, AppendResult, Revision, Timestamp};
 
 /// Appends waiting for a leader, and whether one is at work. Invariant: when no leader is
 /// active, the queue is empty.
@@ -63,120 +64,6 @@ struct Pending {
     slot: Arc<Slot>,
     /// A submitted append: a future waits on the slot, no thread; it is never made leader.
     submitted: bool,
-}
-
-/// Where an appender sleeps until its append is decided, or until it is made leader.
-#[derive(Default)]
-struct Slot {
-    state: Mutex<SlotState>,
-    ready: Condvar,
-    /// The task awaiting a submitted append (taken under `state`'s lock).
-    waker: Mutex<Option<Waker>>,
-}
-
-#[derive(Default)]
-enum SlotState {
-    #[default]
-    Waiting,
-    Lead,
-    /// The result, and the time recorded with the commit's events (`None`: nothing written).
-    Done(Result<AppendResult>, Option<i64>),
-}
-
-impl Slot {
-    fn set(&self, value: SlotState) {
-        let waker = {
-            let mut state = lock(&self.state);
-            *state = value;
-            lock(&self.waker).take()
-        };
-        // A slot with a waker belongs to a submitted append's future: no thread sleeps on
-        // `ready`, and a notify would still cost a futex call (one per append of the group).
-        match waker {
-            Some(waker) => waker.wake(),
-            None => self.ready.notify_one(),
-        }
-    }
-
-    fn is_done(&self) -> bool {
-        matches!(*lock(&self.state), SlotState::Done(..))
-    }
-
-    /// Sleeps until the slot is `Lead` (returns `None`) or `Done` (returns the result).
-    fn wait(&self) -> Option<Result<AppendResult>> {
-        let mut state = lock(&self.state);
-        loop {
-            match std::mem::take(&mut *state) {
-                SlotState::Waiting => {
-                    state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
-                }
-                SlotState::Lead => return None,
-                SlotState::Done(result, _) => return Some(result),
-            }
-        }
-    }
-}
-
-/// A submitted append's future: ready once the leader has set its slot `Done`.
-struct SlotFuture(Arc<Slot>);
-
-impl Future for SlotFuture {
-    type Output = Result<Appended>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = lock(&self.0.state);
-        match std::mem::take(&mut *state) {
-            SlotState::Done(result, recorded_at) => Poll::Ready(result.map(|result| Appended {
-                recorded_at: recorded_at.filter(|_| !result.replayed).map(Timestamp),
-                result,
-            })),
-            other => {
-                *state = other;
-                *lock(&self.0.waker) = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
-}
-
-/// The committer thread's bell: rung when a submitted append needs a leader.
-#[derive(Default)]
-pub(super) struct Committer {
-    state: Mutex<CommitterState>,
-    rung: Condvar,
-}
-
-#[derive(Default)]
-struct CommitterState {
-    wanted: bool,
-    closed: bool,
-}
-
-impl Committer {
-    fn want(&self) {
-        lock(&self.state).wanted = true;
-        self.rung.notify_one();
-    }
-
-    /// Ends the thread (the log is closing).
-    pub(super) fn close(&self) {
-        lock(&self.state).closed = true;
-        self.rung.notify_one();
-    }
-
-    /// Sleeps until wanted (`true`) or closed (`false`).
-    fn wait(&self) -> bool {
-        let mut state = lock(&self.state);
-        loop {
-            if state.closed {
-                return false;
-            }
-            if std::mem::take(&mut state.wanted) {
-                return true;
-            }
-            state = self.rung.wait(state).unwrap_or_else(|p| p.into_inner());
-        }
-    }
 }
 
 /// The effects of the requests accepted so far in this group, on top of `State`.
@@ -626,7 +513,7 @@ impl SledLog {
                     prev_hash,
                     hash: [0; 32],
                 };
-                stored.hash = event_hash(&stored_ref(&stored));
+                stored.hash = event_hash(&stored.as_event_ref());
                 writer.push(&stored)?;
                 let location = IdLocation {
                     position,
@@ -739,35 +626,6 @@ impl Overlay {
             self.claims.insert(key.clone(), owner.clone());
         }
         self.next_position = first_position + count;
-    }
-}
-
-/// The error a `return` fail point injects (see `store/tests/failpoints.rs`).
-// Used only where `fail/failpoints` is on (this crate's `failpoints`, or another crate's, since
-// cargo unifies `fail`'s features).
-#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-fn injected(point: &'static str) -> Error {
-    Error::Io {
-        context: point,
-        source: std::io::Error::other("injected by a fail point"),
-    }
-}
-
-fn stored_ref(stored: &StoredEvent) -> RecordedEventRef<'_> {
-    RecordedEventRef {
-        position: Position(stored.position),
-        stream: &stored.stream,
-        revision: stored.revision,
-        id: stored.id,
-        recorded_at: Timestamp(stored.recorded_at),
-        actor: &stored.actor,
-        correlation_id: stored.correlation_id,
-        causation_id: stored.causation_id,
-        event_type: &stored.event_type,
-        schema_version: stored.schema_version,
-        payload: &stored.payload,
-        prev_hash: &stored.prev_hash,
-        hash: &stored.hash,
     }
 }
 

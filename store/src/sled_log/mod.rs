@@ -135,7 +135,7 @@ pub struct SledLog {
     /// read lock across its commit, so a new term cannot begin in the middle of one.
     fences: RwLock<HashMap<String, u64>>,
     /// The thread that commits submitted appends ([`SledLog::start_committer`]), once started.
-    committer: OnceLock<Arc<commit::Committer>>,
+    committer: OnceLock<Arc<crate::group::Committer>>,
 }
 
 /// Counters of the group commit since open.

@@ -1,0 +1,387 @@
+//! The committer thread: takes what has queued, decides each request, writes one record, syncs,
+//! updates the indexes and answers every appender.
+
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rkyv::util::AlignedVec;
+use uuid::Uuid;
+
+use super::record::{self, ClaimChange, FRAME_BYTES};
+use super::{IdEntry, Index, Inner, RecordAt, lock, write};
+use crate::batch::{BatchView, BatchWriter, StoredEvent};
+use crate::error::{Error, Result};
+// Fail points inject it only with the `failpoints` feature.
+#[cfg_attr(not(feature = "failpoints"), allow(unused_imports))]
+use crate::group::injected;
+use crate::group::{Slot, SlotState};
+use crate::hash::event_hash;
+// How one request was decided: the same outcomes on every backend.
+use crate::log::AppendDecision as Decision;
+use crate::log::decide_append;
+use crate::types::{AppendRequest, AppendResult, Revision};
+
+/// One queued append.
+pub(super) struct Pending {
+    pub request: AppendRequest,
+    pub slot: Arc<Slot>,
+}
+
+/// The effects of the requests accepted so far in this group, on top of the indexes.
+#[derive(Default)]
+struct Overlay {
+    heads: HashMap<String, Revision>,
+    claims: HashMap<String, Option<String>>,
+    ids: HashMap<Uuid, IdEntry>,
+    next_position: u64,
+}
+
+impl Inner {
+    /// The committer thread's loop: until the log is dropped, and then until the queue is empty.
+    pub(super) fn run_committer(&self) {
+        loop {
+            let open = self.bell.wait();
+            loop {
+                let group = self.take_group();
+                if group.is_empty() {
+                    break;
+                }
+                self.commit(group);
+            }
+            if !open {
+                return;
+            }
+        }
+    }
+
+    /// The front of the queue, bounded by events and payload bytes (a larger single request
+    /// still goes alone).
+    fn take_group(&self) -> Vec<Pending> {
+        let mut queue = lock(&self.queue);
+        let (mut events, mut bytes) = (0usize, 0usize);
+        let mut group = Vec::new();
+        while let Some(next) = queue.front() {
+            let next_events = next.request.events.len();
+            let next_bytes: usize = next.request.events.iter().map(|e| e.payload.len()).sum();
+            let full = events + next_events > self.options.group_commit_events_max
+                || bytes + next_bytes > self.options.group_commit_bytes_max;
+            if !group.is_empty() && full {
+                break;
+            }
+            events += next_events;
+            bytes += next_bytes;
+            group.extend(queue.pop_front());
+        }
+        group
+    }
+
+    fn commit(&self, group: Vec<Pending>) {
+        let slots: Vec<Arc<Slot>> = group.iter().map(|p| Arc::clone(&p.slot)).collect();
+        match catch_unwind(AssertUnwindSafe(|| self.commit_group(group))) {
+            Ok((results, recorded_at)) => {
+                for (slot, result) in slots.iter().zip(results) {
+                    slot.set(SlotState::Done(result, recorded_at));
+                }
+            }
+            Err(_) => {
+                let reason = "the group commit panicked".to_owned();
+                write(&self.index).poisoned = Some(reason.clone());
+                for slot in slots.iter().filter(|slot| !slot.is_done()) {
+                    slot.set(SlotState::Done(
+                        Err(Error::Unavailable {
+                            reason: reason.clone(),
+                        }),
+                        None,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Decides, writes and syncs one group; returns each request's result, in order, and the
+    /// time recorded with the events written (`None` if none were).
+    fn commit_group(&self, group: Vec<Pending>) -> (Vec<Result<AppendResult>>, Option<i64>) {
+        // Only this thread changes the index, so what is decided on here stays true until the
+        // write below is published.
+        let (decisions, accepted, first_position, prev_hash, recorded_at) = {
+            let index = self.index();
+            if let Some(reason) = &index.poisoned {
+                let refused = group
+                    .iter()
+                    .map(|_| {
+                        Err(Error::Unavailable {
+                            reason: reason.clone(),
+                        })
+                    })
+                    .collect();
+                return (refused, None);
+            }
+            let mut overlay = Overlay {
+                next_position: index.last_position + 1,
+                ..Overlay::default()
+            };
+            let decisions: Vec<Decision> = group
+                .iter()
+                .map(|pending| {
+                    let decision = decide(&index, &overlay, &pending.request);
+                    if let Decision::Accept {
+                        first_revision,
+                        first_position,
+                        claims,
+                        ..
+                    } = &decision
+                    {
+                        overlay.accept(&pending.request, *first_revision, *first_position, claims);
+                    }
+                    decision
+                })
+                .collect();
+            let accepted = overlay.next_position - index.last_position - 1;
+            let recorded_at = (self.options.clock)().0.max(index.last_recorded_at);
+            (
+                decisions,
+                accepted,
+                index.last_position + 1,
+                index.last_hash,
+                recorded_at,
+            )
+        };
+        if accepted == 0 {
+            return (
+                decisions.into_iter().map(Decision::into_result).collect(),
+                None,
+            );
+        }
+        let body = match encode(group, &decisions, first_position, prev_hash, recorded_at) {
+            Ok(body) => body,
+            Err(err) => {
+                // Nothing reached the file: the group fails, the log stays usable.
+                let reason = err.to_string();
+                return (
+                    refuse(decisions, |_| Error::InvalidRequest {
+                        reason: reason.clone(),
+                    }),
+                    None,
+                );
+            }
+        };
+        let last_position = first_position + accepted - 1;
+        match self.write_durably(&body, first_position, last_position, recorded_at) {
+            Ok(()) => {}
+            Err(err) => {
+                let reason =
+                    format!("commit of positions {first_position}..={last_position} failed: {err}");
+                tracing::error!(%reason, "the log refuses appends until it is reopened");
+                write(&self.index).poisoned = Some(reason.clone());
+                return (
+                    refuse(decisions, |_| Error::Unavailable {
+                        reason: reason.clone(),
+                    }),
+                    None,
+                );
+            }
+        }
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        (
+            decisions.into_iter().map(Decision::into_result).collect(),
+            Some(recorded_at),
+        )
+    }
+
+    /// Writes the record at the end of the file, syncs it, then adds it to the indexes and
+    /// publishes the new head.
+    fn write_durably(
+        &self,
+        encoded: &(Vec<u8>, Vec<ClaimChange>),
+        first_position: u64,
+        last_position: u64,
+        recorded_at: i64,
+    ) -> Result<()> {
+        let (bytes, claims) = encoded;
+        let offset = self.index().end_offset;
+        fail::fail_point!("store::file::before_write", |_| Err(injected(
+            "store::file::before_write"
+        )));
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|source| Error::Io {
+                context: "writing a record to the log file",
+                source,
+            })?;
+        fail::fail_point!("store::file::before_fdatasync", |_| Err(injected(
+            "store::file::before_fdatasync"
+        )));
+        self.file.sync_data().map_err(|source| Error::Io {
+            context: "fdatasync of the log file",
+            source,
+        })?;
+        let record = RecordAt {
+            first_position,
+            last_position,
+            offset,
+            body_len: (bytes.len() - FRAME_BYTES) as u32,
+            recorded_at,
+        };
+        let mut body = AlignedVec::<16>::with_capacity(bytes.len() - FRAME_BYTES);
+        body.extend_from_slice(&bytes[FRAME_BYTES..]);
+        let body = Arc::new(body);
+        {
+            let mut index = write(&self.index);
+            let view = record::view(&body, &record)?;
+            index.add_record(record, &view, claims)?;
+            index.remember(first_position, body, self.options.recent_records_bytes_max);
+            // Under the index's lock: a reader that sees the new indexes sees the new head.
+            self.publish_head(last_position);
+        }
+        Ok(())
+    }
+}
+
+/// How one request fares against the indexes plus the group's earlier effects.
+fn decide(index: &Index, overlay: &Overlay, request: &AppendRequest) -> Decision {
+    let locations: Vec<Option<IdEntry>> = request
+        .events
+        .iter()
+        .map(|event| {
+            overlay
+                .ids
+                .get(&event.id)
+                .or_else(|| index.ids.get(&event.id))
+                .cloned()
+        })
+        .collect();
+    let stream_revision = || {
+        overlay.heads.get(&request.stream).copied().or_else(|| {
+            index
+                .streams
+                .get(request.stream.as_str())
+                .and_then(|runs| runs.last())
+                .map(|run| run.last_revision())
+        })
+    };
+    let holder = |key: &str| {
+        Ok(match overlay.claims.get(key) {
+            Some(change) => change.clone(),
+            None => index.claims.get(key).cloned(),
+        })
+    };
+    decide_append(
+        request,
+        &locations,
+        stream_revision,
+        &holder,
+        overlay.next_position,
+    )
+}
+
+impl Overlay {
+    fn accept(
+        &mut self,
+        request: &AppendRequest,
+        first_revision: Revision,
+        first_position: u64,
+        claims: &[(String, Option<String>)],
+    ) {
+        let count = request.events.len() as u64;
+        let stream: Arc<str> = Arc::from(request.stream.as_str());
+        for (offset, event) in request.events.iter().enumerate() {
+            self.ids.insert(
+                event.id,
+                IdEntry {
+                    stream: Arc::clone(&stream),
+                    position: first_position + offset as u64,
+                    revision: first_revision + offset as u64,
+                },
+            );
+        }
+        self.heads
+            .insert(request.stream.clone(), first_revision + count - 1);
+        for (key, owner) in claims {
+            self.claims.insert(key.clone(), owner.clone());
+        }
+        self.next_position = first_position + count;
+    }
+}
+
+/// The record of the accepted requests: their events with their hashes, and their claim
+/// changes in the order decided.
+fn encode(
+    group: Vec<Pending>,
+    decisions: &[Decision],
+    first_position: u64,
+    mut prev_hash: [u8; 32],
+    recorded_at: i64,
+) -> Result<(Vec<u8>, Vec<ClaimChange>)> {
+    let accepted: Vec<(AppendRequest, &Decision)> = group
+        .into_iter()
+        .zip(decisions)
+        .filter(|(_, decision)| matches!(decision, Decision::Accept { .. }))
+        .map(|(pending, decision)| (pending.request, decision))
+        .collect();
+    let count: usize = accepted.iter().map(|(r, _)| r.events.len()).sum();
+    let bytes_hint: usize = accepted
+        .iter()
+        .flat_map(|(r, _)| r.events.iter())
+        .map(|e| e.payload.len() + 256)
+        .sum();
+    let mut writer = BatchWriter::new(first_position, count, bytes_hint);
+    let mut changes = Vec::new();
+    let mut position = first_position;
+    for (request, decision) in accepted {
+        let Decision::Accept {
+            first_revision,
+            claims,
+            ..
+        } = decision
+        else {
+            continue;
+        };
+        let AppendRequest { stream, events, .. } = request;
+        for (offset, proposed) in events.into_iter().enumerate() {
+            let mut stored = StoredEvent {
+                position,
+                stream: stream.clone(),
+                revision: first_revision + offset as u64,
+                id: proposed.id,
+                recorded_at,
+                actor: proposed.actor,
+                correlation_id: proposed.correlation_id,
+                causation_id: proposed.causation_id,
+                event_type: proposed.event_type,
+                schema_version: proposed.schema_version,
+                payload: proposed.payload,
+                prev_hash,
+                hash: [0; 32],
+            };
+            stored.hash = event_hash(&stored.as_event_ref());
+            writer.push(&stored)?;
+            prev_hash = stored.hash;
+            position += 1;
+        }
+        changes.extend(claims.iter().map(|(key, owner)| ClaimChange {
+            key: key.clone(),
+            owner: owner.clone(),
+        }));
+    }
+    let batch = writer.finish()?;
+    // A batch that does not read back is never written.
+    BatchView::new(&batch, first_position)?;
+    Ok((record::encode(&changes, &batch), changes))
+}
+
+/// Every accepted decision failed with `error`; rejections keep their own error.
+fn refuse(
+    decisions: Vec<Decision>,
+    error: impl Fn(&Decision) -> Error,
+) -> Vec<Result<AppendResult>> {
+    decisions
+        .into_iter()
+        .map(|decision| match decision {
+            Decision::Reject(err) => Err(err),
+            other => Err(error(&other)),
+        })
+        .collect()
+}

@@ -1,0 +1,928 @@
+//! The log in one append-only file, with its indexes in memory: the backend that commits with
+//! one `write` and one `fdatasync`, and decides and reads without touching a storage engine.
+//!
+//! - **Layout** (see [`record`]): a header naming the format, then one record per group commit:
+//!   a frame (body length, CRC-32 of the body), the claim changes of the commit, and the
+//!   commit's events as one batch value — the very value the sled backend stores
+//!   ([`crate::batch`]), so each event is validated (rkyv's `bytecheck`) when it is read.
+//! - **Durability**: a commit is one positioned write at the end of the file and one
+//!   `fdatasync`, and only then acknowledged. The file and its directory are synced at creation.
+//! - **Group commit**: appends, waited on or submitted, queue for the log's committer thread,
+//!   which takes what has queued (bounded by events and bytes), decides every request against
+//!   the in-memory indexes plus the effects of the requests before it in the group
+//!   ([`crate::log::decide_append`], as every backend does), writes one record, syncs, and only
+//!   then updates the indexes, publishes the new head and answers each appender.
+//! - **Indexes**, all in memory and rebuilt from the file at open: where each commit's record
+//!   lies (position → record by binary search; time → position the same way), each stream's
+//!   runs of revisions, every event id's stream, position and revision, and the claims. Nothing
+//!   but the events and claim changes is written, so a commit writes what it commits plus a
+//!   few dozen bytes. The price: opening reads and validates the whole file, and the indexes
+//!   take memory in proportion to the events (about 100 bytes per event).
+//! - **Crash**: a record that was being written when the machine stopped (a short frame, a
+//!   body shorter than its frame says, or a CRC that does not match, in the last record) was
+//!   never acknowledged; opening cuts it off and says so. Anything wrong before the last record
+//!   is damage: opening refuses with [`Error::Corrupt`] naming the position.
+//! - **Reads** stop at the durable head; the most recent records are kept in memory, so the
+//!   projections catching up after a write read no disk.
+//! - One process per directory: the file is locked (`flock`) while open.
+
+mod commit;
+pub mod record;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::ops::ControlFlow;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rkyv::util::AlignedVec;
+use uuid::Uuid;
+
+use crate::batch::BatchView;
+use crate::error::{Error, Result};
+use crate::group::{Committer, Slot, SlotFuture};
+use crate::hash::{GENESIS_PREV_HASH, event_hash};
+use crate::log::{AsIdAt, EventLog, IdAt, PayloadValidator, Visitor, check_request};
+use crate::sled_log::Clock;
+use crate::submit::{PendingAppend, Submitted};
+use crate::types::{
+    AppendRequest, AppendResult, Direction, Fence, Limits, Position, RecordedEvent, Revision,
+    Timestamp, VerifyReport,
+};
+
+use record::{ClaimChange, FRAME_BYTES, HEADER};
+
+/// The log's file inside its directory.
+pub const LOG_FILE: &str = "events.vpl";
+
+/// How a [`FileLog`] is opened.
+#[derive(Clone)]
+pub struct FileOptions {
+    /// The bounds enforced on requests and reads.
+    pub limits: Limits,
+    /// Where `recorded_at` comes from.
+    pub clock: Clock,
+    /// Events one group commit takes from the queue at most.
+    pub group_commit_events_max: usize,
+    /// Payload bytes one group commit takes from the queue at most (a single larger request
+    /// still commits alone).
+    pub group_commit_bytes_max: usize,
+    /// Bytes of the most recent records kept in memory for reads.
+    pub recent_records_bytes_max: usize,
+}
+
+impl Default for FileOptions {
+    fn default() -> FileOptions {
+        FileOptions {
+            limits: Limits::DEFAULT,
+            clock: Arc::new(Timestamp::now),
+            group_commit_events_max: 4_096,
+            group_commit_bytes_max: 1 << 20,
+            recent_records_bytes_max: 16 << 20,
+        }
+    }
+}
+
+impl fmt::Debug for FileOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileOptions")
+            .field("limits", &self.limits)
+            .field("group_commit_events_max", &self.group_commit_events_max)
+            .field("group_commit_bytes_max", &self.group_commit_bytes_max)
+            .field("recent_records_bytes_max", &self.recent_records_bytes_max)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What opening found and did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Events in the log.
+    pub events: u64,
+    /// Records (group commits) in the log.
+    pub records: u64,
+    /// Bytes of an unacknowledged, partly written last record cut off (0: none).
+    pub torn_tail_bytes: u64,
+}
+
+/// The event log in one file. Open one per directory (the file is locked while open).
+pub struct FileLog {
+    inner: Arc<Inner>,
+    committer: Option<JoinHandle<()>>,
+    opened: OpenReport,
+}
+
+/// What the committer thread shares with the log's handle.
+struct Inner {
+    path: PathBuf,
+    file: File,
+    options: FileOptions,
+    index: RwLock<Index>,
+    queue: Mutex<VecDeque<commit::Pending>>,
+    bell: Committer,
+    /// The last durable position: the head every read stops at.
+    durable: AtomicU64,
+    head_lock: Mutex<()>,
+    head_changed: Condvar,
+    /// The current term of each leadership ([`FileLog::take_fence`]). A fenced append holds the
+    /// read lock until its append is decided, so a new term cannot begin in the middle of one.
+    fences: RwLock<HashMap<String, u64>>,
+    commits: AtomicU64,
+}
+
+/// One record of the file: one group commit.
+#[derive(Clone, Copy, Debug)]
+struct RecordAt {
+    first_position: u64,
+    last_position: u64,
+    /// Where the record's frame starts in the file.
+    offset: u64,
+    /// The body's length (the frame's bytes follow `offset`).
+    body_len: u32,
+    recorded_at: i64,
+}
+
+/// Consecutive revisions of one stream at consecutive positions (one append).
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    first_revision: Revision,
+    first_position: u64,
+    count: u64,
+}
+
+impl Run {
+    fn last_revision(&self) -> Revision {
+        self.first_revision + self.count - 1
+    }
+
+    fn position_of(&self, revision: Revision) -> u64 {
+        self.first_position + (revision - self.first_revision)
+    }
+}
+
+/// Where an event id is committed.
+#[derive(Clone, Debug)]
+struct IdEntry {
+    stream: Arc<str>,
+    position: u64,
+    revision: Revision,
+}
+
+impl AsIdAt for IdEntry {
+    fn at(&self) -> IdAt<'_> {
+        IdAt {
+            stream: &self.stream,
+            position: self.position,
+            revision: self.revision,
+        }
+    }
+}
+
+/// Every index, as of the durable head.
+struct Index {
+    records: Vec<RecordAt>,
+    streams: HashMap<Arc<str>, Vec<Run>>,
+    ids: HashMap<Uuid, IdEntry>,
+    claims: HashMap<String, String>,
+    last_position: u64,
+    last_hash: [u8; 32],
+    last_recorded_at: i64,
+    /// Where the next record goes.
+    end_offset: u64,
+    /// The bodies of the most recent records, oldest first, with their first positions.
+    recent: VecDeque<(u64, Arc<AlignedVec<16>>)>,
+    recent_bytes: usize,
+    /// Why appends are refused until the log is reopened (a failed sync leaves the file's state
+    /// unknown).
+    poisoned: Option<String>,
+}
+
+impl Index {
+    fn empty() -> Index {
+        Index {
+            records: Vec::new(),
+            streams: HashMap::new(),
+            ids: HashMap::new(),
+            claims: HashMap::new(),
+            last_position: 0,
+            last_hash: GENESIS_PREV_HASH,
+            last_recorded_at: i64::MIN,
+            end_offset: HEADER.len() as u64,
+            recent: VecDeque::new(),
+            recent_bytes: 0,
+            poisoned: None,
+        }
+    }
+
+    /// The index of the record holding `position`, if the log reaches it.
+    fn record_of(&self, position: u64) -> Option<usize> {
+        let at = self
+            .records
+            .partition_point(|record| record.last_position < position);
+        (at < self.records.len() && self.records[at].first_position <= position).then_some(at)
+    }
+
+    /// The stream's key as the index holds it, shared by its id entries.
+    fn stream_key(&mut self, stream: &str) -> Arc<str> {
+        match self.streams.get_key_value(stream) {
+            Some((key, _)) => Arc::clone(key),
+            None => {
+                let key: Arc<str> = Arc::from(stream);
+                self.streams.insert(Arc::clone(&key), Vec::new());
+                key
+            }
+        }
+    }
+
+    /// Adds one validated record: its events (already checked to follow the log) and claims.
+    fn add_record(
+        &mut self,
+        record: RecordAt,
+        view: &BatchView<'_>,
+        claims: &[ClaimChange],
+    ) -> Result<()> {
+        let corrupt = |position: u64, reason: String| Error::Corrupt {
+            position: Position(position),
+            reason,
+        };
+        if record.first_position != self.last_position + 1 {
+            return Err(corrupt(
+                record.first_position,
+                format!("the log jumps from position {}", self.last_position),
+            ));
+        }
+        if record.recorded_at < self.last_recorded_at {
+            return Err(corrupt(
+                record.first_position,
+                "recorded_at goes backwards".into(),
+            ));
+        }
+        let mut current: Option<(Arc<str>, Run)> = None;
+        for index in 0..view.len() {
+            let event = view.event(index)?;
+            let expected_revision = match &current {
+                Some((stream, run)) if &**stream == event.stream => run.last_revision() + 1,
+                _ => self
+                    .streams
+                    .get(event.stream)
+                    .and_then(|runs| runs.last())
+                    .map_or(1, |run| run.last_revision() + 1),
+            };
+            if event.revision != expected_revision {
+                return Err(corrupt(
+                    event.position.0,
+                    format!(
+                        "stream {} jumps to revision {} where {expected_revision} is next",
+                        event.stream, event.revision
+                    ),
+                ));
+            }
+            if event.prev_hash != &self.last_hash {
+                return Err(corrupt(
+                    event.position.0,
+                    "the previous hash does not match the chain".into(),
+                ));
+            }
+            let extends = current.as_ref().is_some_and(|(stream, run)| {
+                &**stream == event.stream
+                    && run.last_revision() + 1 == event.revision
+                    && run.first_position + run.count == event.position.0
+            });
+            if extends {
+                if let Some((_, run)) = current.as_mut() {
+                    run.count += 1;
+                }
+            } else {
+                if let Some((stream, run)) = current.take() {
+                    self.streams.entry(stream).or_default().push(run);
+                }
+                let stream = self.stream_key(event.stream);
+                current = Some((
+                    stream,
+                    Run {
+                        first_revision: event.revision,
+                        first_position: event.position.0,
+                        count: 1,
+                    },
+                ));
+            }
+            let stream = current
+                .as_ref()
+                .map(|(stream, _)| Arc::clone(stream))
+                .unwrap_or_else(|| Arc::from(event.stream));
+            self.ids.insert(
+                event.id,
+                IdEntry {
+                    stream,
+                    position: event.position.0,
+                    revision: event.revision,
+                },
+            );
+            self.last_hash = *event.hash;
+        }
+        if let Some((stream, run)) = current.take() {
+            self.streams.entry(stream).or_default().push(run);
+        }
+        for change in claims {
+            match &change.owner {
+                Some(owner) => self.claims.insert(change.key.clone(), owner.clone()),
+                None => self.claims.remove(&change.key),
+            };
+        }
+        self.last_position = record.last_position;
+        self.last_recorded_at = record.recorded_at;
+        self.end_offset = record.offset + FRAME_BYTES as u64 + u64::from(record.body_len);
+        self.records.push(record);
+        Ok(())
+    }
+
+    fn remember(&mut self, first_position: u64, body: Arc<AlignedVec<16>>, bytes_max: usize) {
+        self.recent_bytes += body.len();
+        self.recent.push_back((first_position, body));
+        while self.recent_bytes > bytes_max && self.recent.len() > 1 {
+            if let Some((_, old)) = self.recent.pop_front() {
+                self.recent_bytes -= old.len();
+            }
+        }
+    }
+
+    fn recent_body(&self, first_position: u64) -> Option<Arc<AlignedVec<16>>> {
+        let oldest = self.recent.front()?.0;
+        if first_position < oldest {
+            return None;
+        }
+        self.recent
+            .iter()
+            .rev()
+            .find(|(first, _)| *first == first_position)
+            .map(|(_, body)| Arc::clone(body))
+    }
+}
+
+impl fmt::Debug for FileLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileLog")
+            .field("path", &self.inner.path)
+            .field("head", &self.inner.durable.load(Ordering::Acquire))
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileLog {
+    /// Opens (creating if needed) the log in directory `dir`, with default options.
+    pub fn open(dir: impl AsRef<Path>) -> Result<FileLog> {
+        FileLog::open_with(dir, FileOptions::default())
+    }
+
+    /// Opens (creating if needed) the log in directory `dir`: reads and validates every record,
+    /// cuts off an unacknowledged torn last record, rebuilds the indexes, and starts the
+    /// committer thread.
+    pub fn open_with(dir: impl AsRef<Path>, options: FileOptions) -> Result<FileLog> {
+        let dir = dir.as_ref();
+        let io = |context: &'static str| move |source| Error::Io { context, source };
+        std::fs::create_dir_all(dir).map_err(io("creating the log's directory"))?;
+        let path = dir.join(LOG_FILE);
+        let created = !path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io("opening the log file"))?;
+        lock_file(&file, &path)?;
+        if created
+            || file
+                .metadata()
+                .map_err(io("reading the log file's size"))?
+                .len()
+                == 0
+        {
+            file.write_all_at(HEADER, 0)
+                .map_err(io("writing the log file's header"))?;
+            file.sync_all().map_err(io("syncing the new log file"))?;
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io("syncing the log's directory"))?;
+        }
+        let mut index = Index::empty();
+        let opened = record::load(&file, &mut index)?;
+        if opened.torn_tail_bytes > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                bytes = opened.torn_tail_bytes,
+                "cut off a partly written last record (a commit that was never acknowledged)"
+            );
+        }
+        let head = index.last_position;
+        let inner = Arc::new(Inner {
+            path,
+            file,
+            options,
+            index: RwLock::new(index),
+            queue: Mutex::new(VecDeque::new()),
+            bell: Committer::default(),
+            durable: AtomicU64::new(head),
+            head_lock: Mutex::new(()),
+            head_changed: Condvar::new(),
+            fences: RwLock::new(HashMap::new()),
+            commits: AtomicU64::new(0),
+        });
+        let committer = {
+            let inner = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("log committer".into())
+                .spawn(move || inner.run_committer())
+                .map_err(io("starting the log's committer thread"))?
+        };
+        Ok(FileLog {
+            inner,
+            committer: Some(committer),
+            opened,
+        })
+    }
+
+    /// What opening found: events, records, and a torn last record cut off.
+    #[must_use]
+    pub fn open_report(&self) -> OpenReport {
+        self.opened
+    }
+
+    /// The log file's path.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Durable commits (one `fdatasync` each) since open.
+    #[must_use]
+    pub fn commits(&self) -> u64 {
+        self.inner.commits.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the log takes on disk.
+    pub fn size_on_disk_bytes(&self) -> Result<u64> {
+        self.inner
+            .file
+            .metadata()
+            .map(|meta| meta.len())
+            .map_err(|source| Error::Io {
+                context: "reading the log file's size",
+                source,
+            })
+    }
+
+    /// Begins a new term of leadership `name` in this process and returns its fence; appends
+    /// fenced by an earlier term of `name` fail with [`Error::Fenced`] from now on. One process
+    /// holds a file log (the file is locked), so its leader is whoever asks here.
+    pub fn take_fence(&self, name: &str) -> Fence {
+        let mut fences = write(&self.inner.fences);
+        let token = fences.get(name).map_or(1, |term| term + 1);
+        fences.insert(name.to_owned(), token);
+        Fence {
+            name: name.to_owned(),
+            token,
+        }
+    }
+}
+
+impl Drop for FileLog {
+    fn drop(&mut self) {
+        // The committer finishes what is queued, then ends; the file closes (and its lock goes)
+        // with the last handle.
+        self.inner.bell.close();
+        if let Some(thread) = self.committer.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Inner {
+    fn durable_head(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    fn publish_head(&self, position: u64) {
+        let _guard = lock(&self.head_lock);
+        self.durable.store(position, Ordering::Release);
+        self.head_changed.notify_all();
+    }
+
+    fn index(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn queue_append(&self, request: AppendRequest) -> Result<Arc<Slot>> {
+        check_request(&self.options.limits, &request)?;
+        if let Some(reason) = &self.index().poisoned {
+            return Err(Error::Unavailable {
+                reason: reason.clone(),
+            });
+        }
+        let slot = Arc::new(Slot::default());
+        let was_empty = {
+            let mut queue = lock(&self.queue);
+            queue.push_back(commit::Pending {
+                request,
+                slot: Arc::clone(&slot),
+            });
+            queue.len() == 1
+        };
+        if was_empty {
+            self.bell.want();
+        }
+        Ok(slot)
+    }
+
+    fn append(&self, request: AppendRequest) -> Result<AppendResult> {
+        let slot = self.queue_append(request)?;
+        slot.wait().unwrap_or_else(|| {
+            Err(Error::Unavailable {
+                reason: "the committer asked an appender to lead".into(),
+            })
+        })
+    }
+
+    /// The body of the record at `record` (from memory if recent, else read and checked).
+    fn body(&self, record: &RecordAt) -> Result<Arc<AlignedVec<16>>> {
+        if let Some(body) = self.index().recent_body(record.first_position) {
+            return Ok(body);
+        }
+        record::read_body(&self.file, record).map(Arc::new)
+    }
+
+    /// The records holding positions `after + 1 ..= last`.
+    fn records_after(&self, after: u64, last: u64) -> Vec<RecordAt> {
+        let index = self.index();
+        let start = index
+            .records
+            .partition_point(|record| record.last_position <= after);
+        index.records[start..]
+            .iter()
+            .take_while(|record| record.first_position <= last)
+            .copied()
+            .collect()
+    }
+
+    /// Visits every event after `after` up to `last`, in order; returns the last visited.
+    fn visit_range(&self, after: u64, last: u64, visit: Visitor<'_>) -> Result<u64> {
+        let mut visited = after;
+        for record in self.records_after(after, last) {
+            let body = self.body(&record)?;
+            let view = record::view(&body, &record)?;
+            let mut stopped = false;
+            view.visit(after, last, &mut |event| {
+                visited = event.position.0;
+                let flow = visit(event);
+                stopped = flow.is_break();
+                flow
+            })?;
+            if stopped {
+                break;
+            }
+        }
+        Ok(visited)
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from: Revision,
+        direction: Direction,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let max_count = max_count.min(self.options.limits.read_events_max);
+        let mut events = Vec::new();
+        if max_count == 0 {
+            return Ok(events);
+        }
+        let head = self.durable_head();
+        let positions: Vec<(u64, Revision)> = {
+            let index = self.index();
+            let Some(runs) = index.streams.get(stream) else {
+                return Ok(events);
+            };
+            let mut positions = Vec::new();
+            match direction {
+                Direction::Forward => {
+                    let from = from.max(1);
+                    let start = runs.partition_point(|run| run.last_revision() < from);
+                    'runs: for run in &runs[start..] {
+                        for revision in run.first_revision.max(from)..=run.last_revision() {
+                            positions.push((run.position_of(revision), revision));
+                            if positions.len() >= max_count {
+                                break 'runs;
+                            }
+                        }
+                    }
+                }
+                Direction::Backward => {
+                    let end = runs.partition_point(|run| run.first_revision <= from);
+                    'runs: for run in runs[..end].iter().rev() {
+                        for revision in (run.first_revision..=run.last_revision().min(from)).rev() {
+                            positions.push((run.position_of(revision), revision));
+                            if positions.len() >= max_count {
+                                break 'runs;
+                            }
+                        }
+                    }
+                }
+            }
+            positions
+        };
+        let mut cached: Option<(RecordAt, Arc<AlignedVec<16>>)> = None;
+        for (position, revision) in positions {
+            if position > head {
+                continue;
+            }
+            let held = cached.as_ref().is_some_and(|(record, _)| {
+                record.first_position <= position && position <= record.last_position
+            });
+            if !held {
+                let record = {
+                    let index = self.index();
+                    index.record_of(position).map(|at| index.records[at])
+                };
+                let Some(record) = record else {
+                    return Err(Error::Corrupt {
+                        position: Position(position),
+                        reason: "the stream index points past every record".into(),
+                    });
+                };
+                cached = Some((record, self.body(&record)?));
+            }
+            let Some((record, body)) = &cached else {
+                continue;
+            };
+            let view = record::view(body, record)?;
+            let event = view.event((position - record.first_position) as usize)?;
+            if event.stream != stream || event.revision != revision {
+                return Err(Error::Corrupt {
+                    position: Position(position),
+                    reason: format!(
+                        "the stream index says {stream}@{revision}, the event is {}@{}",
+                        event.stream, event.revision
+                    ),
+                });
+            }
+            events.push(event.to_owned_event());
+        }
+        Ok(events)
+    }
+
+    fn verify(&self, validate_payload: PayloadValidator<'_>) -> Result<VerifyReport> {
+        let head = self.durable_head();
+        let mut expected = 1u64;
+        let mut prev_hash = GENESIS_PREV_HASH;
+        let mut last_recorded_at = i64::MIN;
+        let mut revisions: HashMap<String, Revision> = HashMap::new();
+        for record in self.records_after(0, head) {
+            if record.first_position != expected {
+                return Err(Error::Corrupt {
+                    position: Position(expected),
+                    reason: format!(
+                        "gap in the log: the next record starts at {}",
+                        record.first_position
+                    ),
+                });
+            }
+            // From the file, not the recent records in memory: verify checks what is stored.
+            let body = record::read_body(&self.file, &record)?;
+            let view = record::view(&body, &record)?;
+            for at in 0..view.len() {
+                let event = view.event(at)?;
+                let position = event.position;
+                let corrupt = |reason: String| Error::Corrupt { position, reason };
+                if event.prev_hash != &prev_hash {
+                    return Err(corrupt("the previous hash does not match the chain".into()));
+                }
+                if event_hash(&event) != *event.hash {
+                    return Err(corrupt(
+                        "the event's hash does not match its content".into(),
+                    ));
+                }
+                let revision = revisions.entry(event.stream.to_owned()).or_insert(0);
+                if event.revision != *revision + 1 {
+                    return Err(corrupt(format!(
+                        "stream {} jumps from revision {} to {}",
+                        event.stream, revision, event.revision
+                    )));
+                }
+                *revision = event.revision;
+                if event.recorded_at.0 < last_recorded_at {
+                    return Err(corrupt("recorded_at goes backwards".into()));
+                }
+                last_recorded_at = event.recorded_at.0;
+                validate_payload(event.event_type, event.schema_version, event.payload).map_err(
+                    |reason| {
+                        corrupt(format!(
+                            "payload of {} v{} does not decode: {reason}",
+                            event.event_type, event.schema_version
+                        ))
+                    },
+                )?;
+                prev_hash = *event.hash;
+                expected += 1;
+            }
+        }
+        if expected != head + 1 {
+            return Err(Error::Corrupt {
+                position: Position(expected),
+                reason: format!("the log ends at {} but its head is {head}", expected - 1),
+            });
+        }
+        Ok(VerifyReport {
+            events: head,
+            head_hash: prev_hash,
+        })
+    }
+}
+
+impl EventLog for FileLog {
+    fn append(&self, request: AppendRequest) -> Result<AppendResult> {
+        self.inner.append(request)
+    }
+
+    fn append_fenced(&self, request: AppendRequest, fence: &Fence) -> Result<AppendResult> {
+        let fences = read(&self.inner.fences);
+        let current = fences.get(&fence.name).copied();
+        if current != Some(fence.token) {
+            return Err(Error::Fenced {
+                fence: fence.clone(),
+                current,
+                not_written: request.event_ids(),
+            });
+        }
+        let result = self.inner.append(request);
+        drop(fences);
+        result
+    }
+
+    fn submit(&self, request: AppendRequest) -> Submitted {
+        match self.inner.queue_append(request) {
+            Ok(slot) => Submitted::Pending(PendingAppend::new(SlotFuture(slot))),
+            Err(err) => Submitted::Pending(PendingAppend::new(std::future::ready(Err(err)))),
+        }
+    }
+
+    fn submits(&self) -> bool {
+        true
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from: Revision,
+        direction: Direction,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        self.inner.read_stream(stream, from, direction, max_count)
+    }
+
+    fn read_all(&self, after: Position, max_count: usize) -> Result<Vec<RecordedEvent>> {
+        let max_count = max_count.min(self.inner.options.limits.read_events_max);
+        let mut events = Vec::with_capacity(max_count.min(1024));
+        if max_count == 0 {
+            return Ok(events);
+        }
+        self.inner
+            .visit_range(after.0, self.inner.durable_head(), &mut |event| {
+                events.push(event.to_owned_event());
+                if events.len() >= max_count {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })?;
+        Ok(events)
+    }
+
+    fn scan(&self, after: Position, visit: Visitor<'_>) -> Result<Position> {
+        self.inner
+            .visit_range(after.0, self.inner.durable_head(), visit)
+            .map(Position)
+    }
+
+    fn read_event(&self, position: Position) -> Result<Option<RecordedEvent>> {
+        if position.0 == 0 || position.0 > self.inner.durable_head() {
+            return Ok(None);
+        }
+        let record = {
+            let index = self.inner.index();
+            index.record_of(position.0).map(|at| index.records[at])
+        };
+        let Some(record) = record else {
+            return Err(Error::Corrupt {
+                position,
+                reason: "no record holds it".into(),
+            });
+        };
+        let body = self.inner.body(&record)?;
+        let view = record::view(&body, &record)?;
+        Ok(Some(
+            view.event((position.0 - record.first_position) as usize)?
+                .to_owned_event(),
+        ))
+    }
+
+    fn position_at(&self, at: Timestamp) -> Result<Position> {
+        let head = self.inner.durable_head();
+        let index = self.inner.index();
+        let before = index
+            .records
+            .partition_point(|record| record.recorded_at <= at.0);
+        Ok(Position(match before {
+            0 => 0,
+            n => index.records[n - 1].last_position.min(head),
+        }))
+    }
+
+    fn head(&self) -> Position {
+        Position(self.inner.durable_head())
+    }
+
+    fn wait_for(&self, position: Position, timeout: Duration) -> Result<Position> {
+        let deadline = Instant::now() + timeout;
+        let mut guard = lock(&self.inner.head_lock);
+        loop {
+            let head = self.inner.durable_head();
+            if head >= position.0 {
+                return Ok(Position(head));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Position(head));
+            }
+            guard = self
+                .inner
+                .head_changed
+                .wait_timeout(guard, left)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+    }
+
+    fn stream_revision(&self, stream: &str) -> Result<Option<Revision>> {
+        Ok(self
+            .inner
+            .index()
+            .streams
+            .get(stream)
+            .and_then(|runs| runs.last())
+            .map(Run::last_revision))
+    }
+
+    fn claim_holder(&self, key: &str) -> Result<Option<String>> {
+        Ok(self.inner.index().claims.get(key).cloned())
+    }
+
+    fn verify(&self, validate_payload: PayloadValidator<'_>) -> Result<VerifyReport> {
+        self.inner.verify(validate_payload)
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.inner.options.limits
+    }
+}
+
+/// Takes the file's exclusive lock, or says who holds it.
+fn lock_file(file: &File, path: &Path) -> Result<()> {
+    // SAFETY: flock on a descriptor this process owns; it changes no memory.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if locked == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.kind() == std::io::ErrorKind::WouldBlock {
+        return Err(Error::Unavailable {
+            reason: format!(
+                "{} is in use by another process (a running `vmplane serve`?): stop it first, or \
+                 work on a copy",
+                path.display()
+            ),
+        });
+    }
+    Err(Error::Io {
+        context: "locking the log file",
+        source: err,
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}

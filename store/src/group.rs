@@ -1,0 +1,141 @@
+//! What every backend's group commit shares, whatever the engine: the [`Slot`] an appender (a
+//! sleeping thread or a submitted append's future) waits on until its append is decided, and the
+//! bell ([`Committer`]) that wakes a log's committer thread.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use crate::error::Result;
+use crate::submit::Appended;
+use crate::types::{AppendResult, Timestamp};
+
+/// Where an appender sleeps until its append is decided, or until it is made leader.
+#[derive(Default)]
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+    ready: Condvar,
+    /// The task awaiting a submitted append (taken under `state`'s lock).
+    waker: Mutex<Option<Waker>>,
+}
+
+#[derive(Default)]
+pub(crate) enum SlotState {
+    #[default]
+    Waiting,
+    Lead,
+    /// The result, and the time recorded with the commit's events (`None`: nothing written).
+    Done(Result<AppendResult>, Option<i64>),
+}
+
+impl Slot {
+    pub(crate) fn set(&self, value: SlotState) {
+        let waker = {
+            let mut state = lock(&self.state);
+            *state = value;
+            lock(&self.waker).take()
+        };
+        // A slot with a waker belongs to a submitted append's future: no thread sleeps on
+        // `ready`, and a notify would still cost a futex call (one per append of the group).
+        match waker {
+            Some(waker) => waker.wake(),
+            None => self.ready.notify_one(),
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(*lock(&self.state), SlotState::Done(..))
+    }
+
+    /// Sleeps until the slot is `Lead` (returns `None`) or `Done` (returns the result).
+    pub(crate) fn wait(&self) -> Option<Result<AppendResult>> {
+        let mut state = lock(&self.state);
+        loop {
+            match std::mem::take(&mut *state) {
+                SlotState::Waiting => {
+                    state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+                SlotState::Lead => return None,
+                SlotState::Done(result, _) => return Some(result),
+            }
+        }
+    }
+}
+
+/// A submitted append's future: ready once the leader has set its slot `Done`.
+pub(crate) struct SlotFuture(pub(crate) std::sync::Arc<Slot>);
+
+impl Future for SlotFuture {
+    type Output = Result<Appended>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = lock(&self.0.state);
+        match std::mem::take(&mut *state) {
+            SlotState::Done(result, recorded_at) => Poll::Ready(result.map(|result| Appended {
+                recorded_at: recorded_at.filter(|_| !result.replayed).map(Timestamp),
+                result,
+            })),
+            other => {
+                *state = other;
+                *lock(&self.0.waker) = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The committer thread's bell: rung when a submitted append needs a leader.
+#[derive(Default)]
+pub(crate) struct Committer {
+    state: Mutex<CommitterState>,
+    rung: Condvar,
+}
+
+#[derive(Default)]
+struct CommitterState {
+    wanted: bool,
+    closed: bool,
+}
+
+impl Committer {
+    pub(crate) fn want(&self) {
+        lock(&self.state).wanted = true;
+        self.rung.notify_one();
+    }
+
+    /// Ends the thread (the log is closing).
+    pub(crate) fn close(&self) {
+        lock(&self.state).closed = true;
+        self.rung.notify_one();
+    }
+
+    /// Sleeps until wanted (`true`) or closed (`false`).
+    pub(crate) fn wait(&self) -> bool {
+        let mut state = lock(&self.state);
+        loop {
+            if state.closed {
+                return false;
+            }
+            if std::mem::take(&mut state.wanted) {
+                return true;
+            }
+            state = self.rung.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// The error a `return` fail point injects (see `store/tests/failpoints.rs`).
+// Used only where `fail/failpoints` is on (this crate's `failpoints`, or another crate's, since
+// cargo unifies `fail`'s features).
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+pub(crate) fn injected(point: &'static str) -> crate::error::Error {
+    crate::error::Error::Io {
+        context: point,
+        source: std::io::Error::other("injected by a fail point"),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,193 @@
+//! The file backend's own promises, beyond the contract every backend keeps: a torn last record
+//! (a commit cut short by a crash, never acknowledged) is cut off at open; damage anywhere
+//! before it is refused, naming the position; one process holds a directory at a time; `verify`
+//! reads what is stored, not what is in memory.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use vmplane_store::file_log::LOG_FILE;
+use vmplane_store::{
+    AppendRequest, Error, EventLog, ExpectedRevision, FileLog, Position, ProposedEvent,
+};
+
+fn event(n: u8) -> ProposedEvent {
+    ProposedEvent {
+        id: uuid::Uuid::now_v7(),
+        event_type: "Tested".into(),
+        schema_version: 1,
+        payload: vec![n; 200],
+        actor: "tester".into(),
+        correlation_id: uuid::Uuid::now_v7(),
+        causation_id: None,
+    }
+}
+
+/// One append of `events` events to `stream` (one record each, appended one after another).
+fn append(log: &FileLog, stream: &str, events: u8) {
+    let request = AppendRequest::new(
+        stream,
+        ExpectedRevision::Any,
+        (0..events).map(event).collect(),
+    );
+    log.append(request).expect("append");
+}
+
+fn file_len(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join(LOG_FILE))
+        .expect("log file")
+        .len()
+}
+
+fn accept_all(_: &str, _: u16, _: &[u8]) -> Result<(), String> {
+    Ok(())
+}
+
+#[test]
+fn a_torn_last_record_is_cut_off_at_open_and_the_log_goes_on() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 2);
+    append(&log, "vm/b", 1);
+    drop(log);
+    let whole = file_len(dir.path());
+    let log = FileLog::open(dir.path()).expect("reopen");
+    append(&log, "vm/a", 3);
+    drop(log);
+    let with_third = file_len(dir.path());
+    // The third commit's record, half written.
+    let torn = (with_third - whole) / 2;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(LOG_FILE))
+        .expect("log file");
+    file.set_len(whole + torn).expect("tear the last record");
+    drop(file);
+
+    let log = FileLog::open(dir.path()).expect("open cuts the torn record off");
+    let report = log.open_report();
+    assert_eq!(report.torn_tail_bytes, torn);
+    assert_eq!((report.events, report.records), (3, 2));
+    assert_eq!(log.head(), Position(3));
+    assert_eq!(
+        file_len(dir.path()),
+        whole,
+        "the torn bytes are gone from the file"
+    );
+    assert_eq!(log.stream_revision("vm/a").expect("revision"), Some(2));
+    log.verify(&accept_all).expect("what is left verifies");
+    append(&log, "vm/a", 1);
+    assert_eq!(log.head(), Position(4));
+    assert_eq!(log.stream_revision("vm/a").expect("revision"), Some(3));
+    drop(log);
+    let log = FileLog::open(dir.path()).expect("reopen after the cut");
+    assert_eq!(log.open_report().torn_tail_bytes, 0);
+    assert_eq!(log.verify(&accept_all).expect("verify").events, 4);
+}
+
+#[test]
+fn a_zero_filled_tail_is_cut_off_at_open() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 1);
+    drop(log);
+    let whole = file_len(dir.path());
+    // What a file extended but never written can hold after a power loss.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(LOG_FILE))
+        .expect("log file");
+    file.set_len(whole + 4096).expect("extend");
+    drop(file);
+    let log = FileLog::open(dir.path()).expect("open");
+    assert_eq!(log.open_report().torn_tail_bytes, 4096);
+    assert_eq!(log.head(), Position(1));
+    assert_eq!(file_len(dir.path()), whole);
+}
+
+#[test]
+fn damage_before_the_last_record_is_refused_naming_its_position_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 1);
+    let first_end = file_len(dir.path());
+    append(&log, "vm/b", 2);
+    let second_end = file_len(dir.path());
+    append(&log, "vm/c", 1);
+    drop(log);
+    let len = file_len(dir.path());
+    // One byte flipped in the middle of the second record (positions 2 and 3).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join(LOG_FILE))
+        .expect("log file");
+    let at = (first_end + second_end) / 2;
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, at).expect("read");
+    file.write_all_at(&[byte[0] ^ 0x40], at).expect("flip");
+    drop(file);
+
+    match FileLog::open(dir.path()) {
+        Err(Error::Corrupt { position, reason }) => {
+            assert_eq!(position, Position(2), "{reason}");
+            assert!(reason.contains("checksum"), "{reason}");
+        }
+        other => panic!("expected Corrupt at position 2, got {other:?}"),
+    }
+    assert_eq!(file_len(dir.path()), len, "a refused open cuts nothing");
+}
+
+#[test]
+fn verify_checks_the_stored_bytes_not_the_records_in_memory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 1);
+    append(&log, "vm/a", 1);
+    log.verify(&accept_all).expect("intact");
+    let len = file_len(dir.path());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join(LOG_FILE))
+        .expect("log file");
+    // The last byte belongs to the second record's last event.
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, len - 1).expect("read");
+    file.write_all_at(&[byte[0] ^ 1], len - 1).expect("flip");
+    drop(file);
+    match log.verify(&accept_all) {
+        Err(Error::Corrupt { position, .. }) => assert_eq!(position, Position(2)),
+        other => panic!("expected Corrupt at position 2, got {other:?}"),
+    }
+}
+
+#[test]
+fn one_open_log_per_directory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    match FileLog::open(dir.path()) {
+        Err(Error::Unavailable { reason }) => {
+            assert!(reason.contains("in use by another process"), "{reason}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    drop(log);
+    FileLog::open(dir.path()).expect("open once the first is closed");
+}
+
+#[test]
+fn a_file_that_is_not_a_file_log_is_refused_naming_its_header() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join(LOG_FILE),
+        b"this is not a vmplane log file, but long enough",
+    )
+    .expect("write");
+    match FileLog::open(dir.path()) {
+        Err(Error::Damaged { reason }) => {
+            assert!(reason.contains("header"), "{reason}");
+        }
+        other => panic!("expected Damaged, got {other:?}"),
+    }
+}
