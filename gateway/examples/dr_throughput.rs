@@ -164,7 +164,12 @@ fn main() -> anyhow::Result<()> {
 
     let started = Instant::now();
     let restored = root.path().join("restored");
-    let report = dr::restore(&out, &restored, dr::Cut::End)?;
+    let report = dr::restore(
+        &out,
+        &restored,
+        dr::Cut::End,
+        vmplane_gateway::cli::Backend::Sled,
+    )?;
     let secs = started.elapsed().as_secs_f64();
     let import = report.import_time.as_secs_f64();
     println!(

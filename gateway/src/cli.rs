@@ -483,6 +483,11 @@ pub enum AdminCommand {
         /// Keep events recorded at or before this instant only (RFC 3339).
         #[arg(long)]
         to_time: Option<String>,
+        /// The kind of log to build: `sled` (the default) or `file`; serve the directory with
+        /// the same `--backend`. Also how to move a log from one embedded backend to the other:
+        /// back it up, restore it with the other backend.
+        #[arg(long, value_enum, default_value_t = Backend::Sled)]
+        backend: Backend,
     },
     /// Offline: check a data directory's hash chain, positions, payloads, and projections
     /// against a rebuild.

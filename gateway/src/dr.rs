@@ -81,7 +81,9 @@ use uuid::Uuid;
 use vmplane_core::Event;
 use vmplane_store::hash::{GENESIS_PREV_HASH, event_hash};
 use vmplane_store::sled_log::ImportOptions;
-use vmplane_store::{Claim, EventLog, Position, RecordedEvent, SledLog, Timestamp};
+use vmplane_store::{Claim, EventLog, FileLog, Position, RecordedEvent, SledLog, Timestamp};
+
+use crate::cli::Backend;
 
 use crate::pb;
 
@@ -725,7 +727,18 @@ impl Drop for RestoreLock {
 
 /// Builds a new data directory `data` from `from`, up to `cut`. Refuses a `data` that exists or
 /// that another restore is building; nothing is left behind on failure.
-pub fn restore(from: &Path, data: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
+pub fn restore(
+    from: &Path,
+    data: &Path,
+    cut: Cut,
+    backend: Backend,
+) -> anyhow::Result<RestoreReport> {
+    if backend == Backend::Etcd {
+        bail!(
+            "--backend etcd: a restore builds an embedded log in --data (sled or file), not an \
+             etcd one"
+        );
+    }
     let _lock = RestoreLock::acquire(data)?;
     if fs::symlink_metadata(data).is_ok() {
         bail!(
@@ -751,7 +764,7 @@ pub fn restore(from: &Path, data: &Path, cut: Cut) -> anyhow::Result<RestoreRepo
     let mut tmp_name = name.to_owned();
     tmp_name.push(format!(".tmp-{}", Uuid::new_v4().simple()));
     let tmp = data.with_file_name(tmp_name);
-    let report = match build(from, &tmp, cut) {
+    let report = match build(from, &tmp, cut, backend) {
         Ok(report) => report,
         Err(err) => {
             let _ = fs::remove_dir_all(&tmp);
@@ -833,17 +846,29 @@ fn void_event(
     event
 }
 
-/// Imports the backup into a fresh log in `tmp` — the events up to the cut as they are, one
-/// `LogPositionVoided` per position after it — checking the file as it goes, then builds and
-/// checkpoints the projections and writes the marker.
-fn build(from: &Path, tmp: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
-    let started = Instant::now();
-    let mut log = SledLog::open(tmp).context("creating the new log")?;
-    let epoch = Uuid::now_v7();
-    let restored_at = Timestamp::now();
-    let mut importer = log
-        .importer(ImportOptions::default())
-        .context("starting the import")?;
+/// What feeding a backup to an importer did.
+struct Fed {
+    /// The last kept position.
+    kept: u64,
+    /// Positions voided after the cut.
+    voided: u64,
+    /// The cut, if one was made.
+    cut_at: Option<u64>,
+    summary: FileSummary,
+}
+
+/// One backend's importer's `push`: an event and the claims its append carried.
+type Push<'a> = dyn FnMut(RecordedEvent, &[Claim]) -> Result<(), vmplane_store::Error> + 'a;
+
+/// Feeds the backup's events to `push` — the events up to the cut as they are, one
+/// `LogPositionVoided` per position after it — checking the file as it goes.
+fn feed(
+    from: &Path,
+    cut: Cut,
+    epoch: Uuid,
+    restored_at: Timestamp,
+    push: &mut Push<'_>,
+) -> anyhow::Result<Fed> {
     let header_events = read_header(from).map(|h| h.event_count).unwrap_or(0);
     let progress = Progress::new(header_events, "restoring");
     let mut firmware = std::collections::HashMap::new();
@@ -864,8 +889,7 @@ fn build(from: &Path, tmp: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
             let claims = claims_of(e, &mut firmware)?;
             kept = e.position.0;
             kept_time = e.recorded_at;
-            importer
-                .push(e.clone(), &claims)
+            push(e.clone(), &claims)
                 .with_context(|| format!("importing position {}", e.position))?;
             e.hash
         } else {
@@ -873,9 +897,7 @@ fn build(from: &Path, tmp: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
             voided += 1;
             let void = void_event(e, epoch, at, voided, restored_at.max(kept_time), prev_hash);
             let hash = void.hash;
-            importer
-                .push(void, &[])
-                .with_context(|| format!("voiding position {}", e.position))?;
+            push(void, &[]).with_context(|| format!("voiding position {}", e.position))?;
             hash
         };
         prev_hash = hash;
@@ -883,8 +905,53 @@ fn build(from: &Path, tmp: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
         Ok(())
     })
     .with_context(|| format!("--from {}", from.display()))?;
-    let imported = importer.finish().context("finishing the import")?;
     progress.finish();
+    Ok(Fed {
+        kept,
+        voided,
+        cut_at,
+        summary,
+    })
+}
+
+/// Imports the backup into a fresh log of `backend` in `tmp` (see [`feed`]), then builds and
+/// checkpoints the projections and writes the marker.
+fn build(from: &Path, tmp: &Path, cut: Cut, backend: Backend) -> anyhow::Result<RestoreReport> {
+    let started = Instant::now();
+    let epoch = Uuid::now_v7();
+    let restored_at = Timestamp::now();
+    let (dyn_log, imported, fed): (Arc<dyn EventLog>, _, _) = match backend {
+        Backend::File => {
+            let mut log = FileLog::open(tmp).context("creating the new log")?;
+            let mut importer = log.importer().context("starting the import")?;
+            let fed = feed(from, cut, epoch, restored_at, &mut |e, c| {
+                importer.push(e, c)
+            })?;
+            let imported = importer.finish().context("finishing the import")?;
+            (Arc::new(log), imported, fed)
+        }
+        Backend::Etcd => bail!(
+            "--backend etcd: a restore builds an embedded log in --data (sled or file); to fill \
+             an etcd log, restore into --backend sled and replay it through a server"
+        ),
+        Backend::Sled => {
+            let mut log = SledLog::open(tmp).context("creating the new log")?;
+            let mut importer = log
+                .importer(ImportOptions::default())
+                .context("starting the import")?;
+            let fed = feed(from, cut, epoch, restored_at, &mut |e, c| {
+                importer.push(e, c)
+            })?;
+            let imported = importer.finish().context("finishing the import")?;
+            (Arc::new(log), imported, fed)
+        }
+    };
+    let Fed {
+        kept,
+        voided,
+        cut_at,
+        summary,
+    } = fed;
     let import_time = started.elapsed();
     let last = summary.header.last_position;
     if let Cut::Position(p) = cut
@@ -899,7 +966,6 @@ fn build(from: &Path, tmp: &Path, cut: Cut) -> anyhow::Result<RestoreReport> {
             imported.events
         );
     }
-    let dyn_log: Arc<dyn EventLog> = Arc::new(log);
     let projections = vmplane_projections::Projections::open(
         Arc::clone(&dyn_log),
         tmp,
@@ -955,13 +1021,12 @@ pub struct VerifyOutcome {
 /// Offline checks of a data directory: hash chain, gapless positions, every payload decodes,
 /// and the projections opened from the checkpoint have the digest of a fresh rebuild.
 pub fn verify(data: &Path) -> anyhow::Result<VerifyOutcome> {
-    if !data.join("db").exists() {
-        bail!("--data {}: no vmplane log here", data.display());
-    }
-    let log: Arc<dyn EventLog> = Arc::new(
-        SledLog::open(data)
-            .with_context(|| format!("--data {}: cannot open the log", data.display()))?,
-    );
+    let cannot = || format!("--data {}: cannot open the log", data.display());
+    let log: Arc<dyn EventLog> = match crate::server::embedded_backend_of(data) {
+        Some(Backend::File) => Arc::new(FileLog::open(data).with_context(cannot)?),
+        Some(_) => Arc::new(SledLog::open(data).with_context(cannot)?),
+        None => bail!("--data {}: no vmplane log here", data.display()),
+    };
     let report = log
         .verify(&|t, v, p| vmplane_core::validate_payload(t, v, p).map_err(|e| e.to_string()))
         .map_err(|e| anyhow!("{e}"))?;
@@ -1127,6 +1192,7 @@ pub fn run(
             data,
             to_position,
             to_time,
+            backend,
         } => {
             let cut = match (to_position, to_time) {
                 (Some(p), _) => Cut::Position(p),
@@ -1134,13 +1200,15 @@ pub fn run(
                 (None, None) => Cut::End,
             };
             let started = Instant::now();
-            let r = restore(&from, &data, cut)?;
+            let r = restore(&from, &data, cut, backend)?;
             let secs = started.elapsed().as_secs_f64();
             println!(
-                "restored {} of {} events into {} (head {}, hash {}, epoch {}{}) in {secs:.2}s",
+                "restored {} of {} events into {} ({} log, head {}, hash {}, epoch {}{}) in \
+                 {secs:.2}s",
                 r.events,
                 r.backup_events,
                 data.display(),
+                backend.name(),
                 r.head,
                 r.marker.head_hash,
                 r.marker.epoch,

@@ -50,6 +50,26 @@ pub(crate) struct StoredEvent {
     pub hash: [u8; 32],
 }
 
+impl From<crate::types::RecordedEvent> for StoredEvent {
+    fn from(event: crate::types::RecordedEvent) -> StoredEvent {
+        StoredEvent {
+            position: event.position.0,
+            stream: event.stream,
+            revision: event.revision,
+            id: event.id,
+            recorded_at: event.recorded_at.0,
+            actor: event.actor,
+            correlation_id: event.correlation_id,
+            causation_id: event.causation_id,
+            event_type: event.event_type,
+            schema_version: event.schema_version,
+            payload: event.payload,
+            prev_hash: event.prev_hash,
+            hash: event.hash,
+        }
+    }
+}
+
 impl StoredEvent {
     /// This event as the log hands it out (to hash it before it is written).
     pub fn as_event_ref(&self) -> RecordedEventRef<'_> {

@@ -399,6 +399,128 @@ impl AppendDecision {
     }
 }
 
+/// The log as an imported event finds it: the tip left by everything before it (the log plus
+/// what this import has pushed so far).
+pub(crate) struct ImportTip<'a> {
+    /// The last position.
+    pub last_position: u64,
+    /// The chain hash at the last position.
+    pub last_hash: [u8; 32],
+    /// The last event's `recorded_at` (`i64::MIN` for an empty log).
+    pub last_recorded_at: i64,
+    /// The event's stream's last revision (0: no events yet).
+    pub stream_revision: Revision,
+    /// Whether the event's id is already in the log.
+    pub id_seen: bool,
+    /// Who holds a claim.
+    pub holder: &'a dyn Fn(&str) -> Option<String>,
+}
+
+/// Checks an already-recorded event (a restore's) as the append path would have made it: the
+/// limits, an unused id, the next position, the chain, its own hash, the stream's next revision,
+/// time that does not go backwards, and the claims its append carried. Every backend's bulk
+/// importer calls it, so an import is refused the same way everywhere. Returns the claim
+/// changes to record.
+pub(crate) fn check_import(
+    limits: &Limits,
+    event: &RecordedEvent,
+    claims: &[Claim],
+    tip: &ImportTip<'_>,
+) -> Result<ClaimChanges> {
+    check_import_limits(limits, event, claims)?;
+    let position = event.position;
+    let corrupt = |reason: String| Error::Corrupt { position, reason };
+    if tip.id_seen {
+        return Err(Error::InvalidRequest {
+            reason: format!(
+                "position {position}: event id {} is already in the log",
+                event.id
+            ),
+        });
+    }
+    if event.position.0 != tip.last_position + 1 {
+        return Err(corrupt(format!(
+            "the import expected position {} next",
+            tip.last_position + 1
+        )));
+    }
+    if event.prev_hash != tip.last_hash {
+        return Err(corrupt("the previous hash does not match the chain".into()));
+    }
+    if crate::hash::event_hash(&event.as_ref()) != event.hash {
+        return Err(corrupt(
+            "the event's hash does not match its content".into(),
+        ));
+    }
+    if event.revision != tip.stream_revision + 1 {
+        return Err(corrupt(format!(
+            "stream {} jumps from revision {} to {}",
+            event.stream, tip.stream_revision, event.revision
+        )));
+    }
+    if event.recorded_at.0 < tip.last_recorded_at {
+        return Err(corrupt("recorded_at goes backwards".into()));
+    }
+    decide_claims(claims, tip.holder).map_err(|(key, holder)| Error::ClaimTaken {
+        key,
+        holder,
+        not_written: vec![event.id],
+    })
+}
+
+fn check_import_limits(limits: &Limits, event: &RecordedEvent, claims: &[Claim]) -> Result<()> {
+    let check = |limit: &'static str, max: usize, actual: usize| {
+        if actual > max {
+            Err(Error::LimitExceeded {
+                limit,
+                max: max as u64,
+                actual: actual as u64,
+            })
+        } else {
+            Ok(())
+        }
+    };
+    if event.stream.is_empty() || event.event_type.is_empty() {
+        return Err(Error::InvalidRequest {
+            reason: format!(
+                "position {}: an event needs a stream and an event type",
+                event.position
+            ),
+        });
+    }
+    check(
+        "stream_name_bytes_max",
+        limits.stream_name_bytes_max,
+        event.stream.len(),
+    )?;
+    check(
+        "event_type_bytes_max",
+        limits.event_type_bytes_max,
+        event.event_type.len(),
+    )?;
+    check("actor_bytes_max", limits.actor_bytes_max, event.actor.len())?;
+    check(
+        "event_payload_bytes_max",
+        limits.event_payload_bytes_max,
+        event.payload.len(),
+    )?;
+    check("append_claims_max", limits.append_claims_max, claims.len())?;
+    for claim in claims {
+        if claim.key().is_empty() || claim.owner().is_empty() {
+            return Err(Error::InvalidRequest {
+                reason: "a claim needs a non-empty key and owner".into(),
+            });
+        }
+        check("claim_bytes_max", limits.claim_bytes_max, claim.key().len())?;
+        check(
+            "claim_bytes_max",
+            limits.claim_bytes_max,
+            claim.owner().len(),
+        )?;
+    }
+    Ok(())
+}
+
 /// Where an event id already stands in the log: a backend's id-index entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdAt<'a> {

@@ -16,6 +16,9 @@
 //! - the system recovers: after reopen, retrying the failed append with the same event ids
 //!   either replays it (it was there) or appends it (it was not), never both.
 //!
+//! The file backend has two points, `store::file::before_write` and
+//! `store::file::before_fdatasync`, and the same promises.
+//!
 //! fail's registry is global, so every test holds [`serial`] (its own mutex plus
 //! `FailScenario`), and this binary holds no other tests.
 
@@ -26,8 +29,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use fail::FailScenario;
 use uuid::Uuid;
 use vmplane_store::{
-    AppendRequest, AppendResult, Error, EventLog, ExpectedRevision, Position, ProposedEvent,
-    RecordedEvent, SledLog,
+    AppendRequest, AppendResult, Error, EventLog, ExpectedRevision, FileLog, Position,
+    ProposedEvent, RecordedEvent, SledLog,
 };
 
 const POINTS: [&str; 5] = [
@@ -78,19 +81,27 @@ fn ids(count: usize) -> Vec<Uuid> {
     (0..count).map(|_| Uuid::now_v7()).collect()
 }
 
+/// The log of `backend` (`sled` or `file`) in `dir`.
+fn open_backend(backend: &str, dir: &Path) -> Box<dyn EventLog> {
+    match backend {
+        "file" => Box::new(FileLog::open(dir.join("log")).expect("open the log")),
+        _ => Box::new(SledLog::open(dir.join("log")).expect("open the log")),
+    }
+}
+
 fn open(dir: &Path) -> SledLog {
     SledLog::open(dir.join("log")).expect("open the log")
 }
 
 /// Appends and returns the events as the log recorded them (the acknowledged ones).
-fn append_acked(log: &SledLog, stream: &str, count: usize) -> Vec<RecordedEvent> {
+fn append_acked(log: &dyn EventLog, stream: &str, count: usize) -> Vec<RecordedEvent> {
     let result = log
         .append(request(stream, ExpectedRevision::Any, &ids(count)))
         .expect("append");
     read_range(log, &result)
 }
 
-fn read_range(log: &SledLog, result: &AppendResult) -> Vec<RecordedEvent> {
+fn read_range(log: &dyn EventLog, result: &AppendResult) -> Vec<RecordedEvent> {
     (result.first_position.0..=result.last_position.0)
         .map(|p| {
             log.read_event(Position(p))
@@ -101,7 +112,7 @@ fn read_range(log: &SledLog, result: &AppendResult) -> Vec<RecordedEvent> {
 }
 
 /// Every acknowledged event is there, byte for byte, and the chain verifies to the head.
-fn check_acked(log: &SledLog, acked: &[RecordedEvent]) {
+fn check_acked(log: &dyn EventLog, acked: &[RecordedEvent]) {
     let report = log.verify(&|_, _, _| Ok(())).expect("verify");
     assert_eq!(report.events, log.head().0, "verify walks to the head");
     for event in acked {
@@ -114,7 +125,7 @@ fn check_acked(log: &SledLog, acked: &[RecordedEvent]) {
 }
 
 /// How many of `ids` the log holds (0 or all of them, else the test fails), and where.
-fn presence(log: &SledLog, ids: &[Uuid]) -> Option<Position> {
+fn presence(log: &dyn EventLog, ids: &[Uuid]) -> Option<Position> {
     let all = log.read_all(Position(0), 10_000).expect("read all");
     let found: Vec<&RecordedEvent> = all.iter().filter(|e| ids.contains(&e.id)).collect();
     if found.is_empty() {
@@ -138,12 +149,17 @@ enum Left {
 
 /// The whole story at one point, with `action` (`return` or `panic`).
 fn fail_at(point: &str, action: &str) -> Left {
+    fail_on("sled", point, action)
+}
+
+/// [`fail_at`] on the log of `backend`.
+fn fail_on(backend: &str, point: &str, action: &str) -> Left {
     let dir = tempfile::tempdir().expect("temp dir");
-    let log = open(dir.path());
+    let log = open_backend(backend, dir.path());
     let mut acked = Vec::new();
     for round in 0..4 {
-        acked.extend(append_acked(&log, "vm/a", 1 + round % 3));
-        acked.extend(append_acked(&log, "vm/b", 2));
+        acked.extend(append_acked(&*log, "vm/a", 1 + round % 3));
+        acked.extend(append_acked(&*log, "vm/b", 2));
     }
     let head = log.head();
     let revision = log.stream_revision("vm/a").expect("revision").expect("a");
@@ -161,12 +177,13 @@ fn fail_at(point: &str, action: &str) -> Left {
 
     // Nothing half-written is visible in the running log.
     assert_eq!(log.head(), head, "{point}: head moved: {err}");
-    assert_eq!(presence(&log, &failed_ids), None, "{point}: visible");
+    assert_eq!(presence(&*log, &failed_ids), None, "{point}: visible");
     assert_eq!(log.read_event(Position(head.0 + 1)).expect("read"), None);
-    check_acked(&log, &acked);
+    check_acked(&*log, &acked);
 
     // Past `before_write` (or on any panic) the log is poisoned: nothing more is acknowledged.
-    let poisons = point != "store::commit::before_write" || action == "panic";
+    // On the file log any failed write poisons: what a failed write left in the file is unknown.
+    let poisons = point != "store::commit::before_write" || action == "panic" || backend == "file";
     let next = log.append(request("vm/b", ExpectedRevision::Any, &ids(1)));
     if poisons {
         assert!(
@@ -181,14 +198,14 @@ fn fail_at(point: &str, action: &str) -> Left {
         assert!(matches!(again, Err(Error::Unavailable { .. })), "{again:?}");
         assert_eq!(log.head(), head);
     } else {
-        acked.extend(read_range(&log, &next.expect("the log stays usable")));
+        acked.extend(read_range(&*log, &next.expect("the log stays usable")));
     }
     drop(log);
 
     // Restart: every acknowledged event is there, the failed append is whole or absent.
-    let log = open(dir.path());
-    check_acked(&log, &acked);
-    let left = match presence(&log, &failed_ids) {
+    let log = open_backend(backend, dir.path());
+    check_acked(&*log, &acked);
+    let left = match presence(&*log, &failed_ids) {
         None => Left::None,
         Some(position) => {
             assert_eq!(position.0, head.0 + 1, "{point}: found past the old head");
@@ -205,10 +222,10 @@ fn fail_at(point: &str, action: &str) -> Left {
         .expect("the retry succeeds after reopen");
     assert_eq!(retried.replayed, left == Left::All, "{point}: {retried:?}");
     assert_eq!(retried.first_revision, revision + 1);
-    acked.extend(read_range(&log, &retried));
-    acked.extend(append_acked(&log, "vm/b", 2));
-    check_acked(&log, &acked);
-    assert!(presence(&log, &failed_ids).is_some());
+    acked.extend(read_range(&*log, &retried));
+    acked.extend(append_acked(&*log, "vm/b", 2));
+    check_acked(&*log, &acked);
+    assert!(presence(&*log, &failed_ids).is_some());
     let stream = log
         .read_stream("vm/a", 1, vmplane_store::Direction::Forward, 1_000)
         .expect("read stream");
@@ -219,7 +236,7 @@ fn fail_at(point: &str, action: &str) -> Left {
         "{point}: an event is there twice"
     );
     drop(log);
-    check_acked(&open(dir.path()), &acked);
+    check_acked(&*open_backend(backend, dir.path()), &acked);
     eprintln!("{point} ({action}): error {err}; after reopen the failed append: {left:?}");
     left
 }
@@ -310,7 +327,7 @@ fn under_concurrent_writers_no_ack_follows_a_failed_commit() {
         last_acked, head,
         "acknowledged positions end at the durable head"
     );
-    let acked: Vec<RecordedEvent> = acked.iter().flat_map(|r| read_range(&log, r)).collect();
+    let acked: Vec<RecordedEvent> = acked.iter().flat_map(|r| read_range(&*log, r)).collect();
     assert_eq!(
         acked.len() as u64,
         head,
@@ -321,4 +338,23 @@ fn under_concurrent_writers_no_ack_follows_a_failed_commit() {
     check_acked(&log, &acked);
     log.append(request("vm/after", ExpectedRevision::Any, &ids(1)))
         .expect("appends resume after reopen");
+}
+
+/// The file log: a failure before its record is written loses only the failed append; one
+/// after the write, before the `fdatasync`, leaves it whole in the file (a clean reopen reads
+/// it); either way the log refuses everything after it until reopened, and a panic is an error.
+#[test]
+fn on_the_file_log_a_failed_write_or_sync_poisons_and_the_append_is_whole_or_absent() {
+    let _serial = serial();
+    assert_eq!(
+        fail_on("file", "store::file::before_write", "return"),
+        Left::None
+    );
+    assert_eq!(
+        fail_on("file", "store::file::before_fdatasync", "return"),
+        Left::All
+    );
+    for point in ["store::file::before_write", "store::file::before_fdatasync"] {
+        fail_on("file", point, "panic");
+    }
 }

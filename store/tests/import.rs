@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use uuid::Uuid;
 use vmplane_store::sled_log::ImportOptions;
 use vmplane_store::{
-    AppendRequest, Claim, Direction, Error, EventLog, ExpectedRevision, Position, ProposedEvent,
-    RecordedEvent, SledLog, SledOptions, Timestamp,
+    AppendRequest, Claim, Direction, Error, EventLog, ExpectedRevision, FileLog, Position,
+    ProposedEvent, RecordedEvent, SledLog, SledOptions, Timestamp,
 };
 
 fn event(text: String) -> ProposedEvent {
@@ -364,4 +364,106 @@ fn an_envelope_the_log_could_not_have_written_is_refused_naming_its_position() {
         log.verify(&|_, _, _| Ok(())).expect("the prefix verifies");
         assert_eq!(all(&log), events[..40].to_vec(), "{name}");
     }
+}
+
+/// Imports `events` into a file log (the claims go with the first event of their append).
+fn import_file(
+    log: &mut FileLog,
+    events: &[RecordedEvent],
+    claims_at: &[(u64, Vec<Claim>)],
+) -> vmplane_store::sled_log::ImportReport {
+    let mut importer = log.importer().expect("importer");
+    for e in events {
+        let claims = claims_at
+            .iter()
+            .find(|(p, _)| *p == e.position.0)
+            .map_or(&[][..], |(_, c)| c.as_slice());
+        importer.push(e.clone(), claims).expect("push");
+    }
+    importer.finish().expect("finish")
+}
+
+#[test]
+fn a_file_log_imported_from_a_sled_log_reads_exactly_like_it_and_continues() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (source, claims_at) = source(&root.path().join("source"));
+    let events = all(&source);
+    let expected = observe(&source, &events);
+    let source_report = source.verify(&|_, _, _| Ok(())).expect("verify");
+
+    let target_dir = root.path().join("target");
+    let mut target = FileLog::open(&target_dir).expect("open target");
+    // Two imports: the second one continues from the first one's tip and indexes.
+    let first = import_file(&mut target, &events[..60], &claims_at);
+    let report = import_file(&mut target, &events[60..], &claims_at);
+    assert_eq!(first.events + report.events, events.len() as u64);
+    assert_eq!(report.head, source.head());
+    assert_eq!(report.head_hash, source_report.head_hash);
+    assert_eq!(all(&target), events);
+    assert_eq!(observe(&target, &events), expected);
+
+    // Reopened: the indexes rebuilt from the file answer the same.
+    drop(target);
+    let mut target = FileLog::open(&target_dir).expect("reopen");
+    assert_eq!(observe(&target, &events), expected);
+    assert_eq!(
+        target.verify(&|_, _, _| Ok(())).expect("verify").head_hash,
+        source_report.head_hash
+    );
+
+    // A retry of an imported append replays; an ordinary append continues the chain.
+    let last = events.last().expect("events");
+    let retry = AppendRequest::new(
+        last.stream.clone(),
+        ExpectedRevision::Any,
+        vec![ProposedEvent {
+            id: last.id,
+            event_type: last.event_type.clone(),
+            schema_version: last.schema_version,
+            payload: last.payload.clone(),
+            actor: last.actor.clone(),
+            correlation_id: last.correlation_id,
+            causation_id: last.causation_id,
+        }],
+    );
+    assert!(target.append(retry).expect("retry").replayed);
+    let next = target
+        .append(AppendRequest::new(
+            "thing/0",
+            ExpectedRevision::Exact(source.stream_revision("thing/0").unwrap().unwrap()),
+            vec![event("after the import".into())],
+        ))
+        .expect("append after import");
+    assert_eq!(next.first_position.0, source.head().0 + 1);
+
+    // A further import refuses an id the log holds, and an envelope off the chain, naming its
+    // position; nothing of either is written.
+    let head = target.head();
+    let mut importer = target.importer().expect("importer");
+    let mut again = RecordedEvent {
+        position: Position(head.0 + 1),
+        ..events[5].clone()
+    };
+    rehash(&mut again);
+    let err = importer.push(again, &[]).expect_err("a reused id");
+    assert!(err.to_string().contains("already in the log"), "{err}");
+    drop(importer);
+    let mut importer = target.importer().expect("importer");
+    let mut off_chain = RecordedEvent {
+        position: Position(head.0 + 1),
+        id: Uuid::now_v7(),
+        stream: "thing/new".into(),
+        revision: 1,
+        ..events[5].clone()
+    };
+    rehash(&mut off_chain);
+    match importer.push(off_chain, &[]) {
+        Err(Error::Corrupt { position, reason }) => {
+            assert_eq!(position, Position(head.0 + 1));
+            assert!(reason.contains("previous hash"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    drop(importer);
+    assert_eq!(target.head(), head);
 }

@@ -432,12 +432,17 @@ fn check_restart(
 }
 
 /// The served projections equal a full replay of a copy of the log (without the checkpoint).
-fn check_rebuild(server: &Server, data: &Path, scratch: &Path) -> Result<usize, String> {
+fn check_rebuild(
+    server: &Server,
+    data: &Path,
+    scratch: &Path,
+    args: &[&str],
+) -> Result<usize, String> {
     let copy = scratch.join("rebuild");
     let _ = std::fs::remove_dir_all(&copy);
     copy_dir(data, &copy);
     let _ = std::fs::remove_dir_all(copy.join("projections"));
-    let rebuilt = Server::start(&copy, SERVER_ARGS);
+    let rebuilt = Server::start(&copy, args);
     let rt = rt();
     let (served, replayed) =
         rt.block_on(async { (everything(server).await, everything(&rebuilt).await) });
@@ -461,10 +466,21 @@ fn check_rebuild(server: &Server, data: &Path, scratch: &Path) -> Result<usize, 
 
 #[test]
 fn acknowledged_writes_survive_sigkill_under_load_and_projections_equal_a_rebuild() {
+    survive_sigkill_under_load(SERVER_ARGS, 50);
+}
+
+/// The same on the file backend (fewer kills by default: the log's own SIGKILL test kills it
+/// 20 more times).
+#[test]
+fn acknowledged_writes_to_the_file_log_survive_sigkill_under_load() {
+    survive_sigkill_under_load(&["--hypervisor", "none", "--backend", "file"], 20);
+}
+
+fn survive_sigkill_under_load(args: &[&str], default_cycles: usize) {
     let cycles: usize = std::env::var("VMPLANE_CRASH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+        .unwrap_or(default_cycles);
     let seed: u64 = std::env::var("VMPLANE_CRASH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -489,7 +505,7 @@ fn acknowledged_writes_survive_sigkill_under_load_and_projections_equal_a_rebuil
 
     for cycle in 0..=cycles {
         let from_checkpoint = data.join("projections").exists();
-        let server = Server::start(&data, SERVER_ARGS);
+        let server = Server::start(&data, args);
         if cycle > 0 {
             checkpoint_starts += usize::from(from_checkpoint);
             let fresh_from = acks.partition_point(|a| a.cycle + 1 < cycle);
@@ -498,7 +514,7 @@ fn acknowledged_writes_survive_sigkill_under_load_and_projections_equal_a_rebuil
                 break;
             }
             if cycle % REBUILD_EVERY == 0 || cycle == cycles {
-                match check_rebuild(&server, &data, dir.path()) {
+                match check_rebuild(&server, &data, dir.path(), args) {
                     Ok(_) => rebuilds += 1,
                     Err(e) => {
                         failures.push(format!("after kill {cycle}: {e}"));

@@ -562,15 +562,126 @@ fn one_restore_at_a_time_per_data_directory_and_never_over_an_existing_one() {
 
 #[test]
 fn verify_of_a_directory_a_server_holds_says_to_stop_it_in_one_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let _server = Server::start(&data, &["--hypervisor", "none"]);
-    let (code, _, err) = admin(&["verify", "--data", data.to_str().expect("utf-8")]);
-    assert_ne!(code, 0);
-    let line = vmplane_tests::one_error_line(&err);
+    for backend in ["sled", "file"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let _server = Server::start(&data, &["--hypervisor", "none", "--backend", backend]);
+        let (code, _, err) = admin(&["verify", "--data", data.to_str().expect("utf-8")]);
+        assert_ne!(code, 0);
+        let line = vmplane_tests::one_error_line(&err);
+        assert!(
+            line.contains("in use by another process") && line.contains("stop it first"),
+            "{backend}: {line}"
+        );
+        assert!(!line.contains("WouldBlock"), "no raw OS error: {line}");
+    }
+}
+
+/// Runs `vmplane serve ARGS` expecting it to refuse at once; returns its stderr. Killed (and
+/// the test failed) if it is still running after 20 s.
+fn serve_refused(args: &[&str]) -> String {
+    let mut child = std::process::Command::new(vmplane_tests::vmplane_bin())
+        .arg("serve")
+        .args(args)
+        .args(["--listen", "127.0.0.1:0", "--hypervisor", "none"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn vmplane serve");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            assert!(!status.success(), "serve {args:?} was expected to refuse");
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+                .expect("stderr");
+            return err;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve {args:?} did not refuse within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_sled_log_moves_to_the_file_backend_through_backup_and_restore_and_serves_the_same() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (sled_dir, file_dir) = (root.path().join("sled"), root.path().join("file"));
+    let backup = root.path().join("vmplane.backup");
+    let ns = "move";
+    let names = ["mv-a", "mv-b"];
+
+    let server = Server::start(&sled_dir, &["--hypervisor", "none"]);
+    let cli = Cli::new(&server);
+    for name in &names {
+        apply(&cli, ns, &vm(name, "128Mi"));
+    }
+    apply(&cli, ns, &vm("mv-a", "256Mi"));
+    cli.ok(&["start", "mv-b", "-n", ns]);
+    let before = observe(&cli, ns, &names);
+    let head = head_of(&cli, ns);
+    cli.ok(&["admin", "backup", "--out", backup.to_str().unwrap()]);
+    server.terminate(Duration::from_secs(20));
+
+    let (from, data) = (backup.to_str().unwrap(), file_dir.to_str().unwrap());
+    let out = ok(&[
+        "restore",
+        "--from",
+        from,
+        "--data",
+        data,
+        "--backend",
+        "file",
+    ]);
+    assert!(out.contains("(file log, head"), "{out}");
+    assert!(file_dir.join("events.vpl").exists());
     assert!(
-        line.contains("in use by another process") && line.contains("stop it first"),
-        "{line}"
+        !file_dir.join("db").exists(),
+        "no sled files in a file log's directory"
     );
-    assert!(!line.contains("WouldBlock"), "no raw OS error: {line}");
+    let out = ok(&["verify", "--data", data]);
+    assert!(out.starts_with(&format!("ok: {head} events")), "{out}");
+    let (code, _, err) = admin(&[
+        "restore",
+        "--from",
+        from,
+        "--data",
+        "x",
+        "--backend",
+        "etcd",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--backend etcd"), "{err}");
+
+    // Each directory is served by its own backend only, and the refusal says which it holds.
+    let err = serve_refused(&["--data", data]);
+    assert!(err.contains("holds a file log, not a sled one"), "{err}");
+    let err = serve_refused(&["--data", sled_dir.to_str().unwrap(), "--backend", "file"]);
+    assert!(err.contains("holds a sled log, not a file one"), "{err}");
+
+    let server = Server::start(&file_dir, &["--hypervisor", "none", "--backend", "file"]);
+    let cli = Cli::new(&server);
+    assert_eq!(
+        observe(&cli, ns, &names),
+        before,
+        "the file log serves something else"
+    );
+    apply(&cli, ns, &vm("mv-c", "128Mi"));
+    cli.ok(&["delete", "vm", "mv-a", "-n", ns]);
+    let grown = observe(&cli, ns, &["mv-b", "mv-c"]);
+    assert_eq!(head_of(&cli, ns), head + 2);
+    server.terminate(Duration::from_secs(20));
+
+    // Restarted: the indexes rebuilt from the file serve what was written before.
+    let server = Server::start(&file_dir, &["--hypervisor", "none", "--backend", "file"]);
+    let cli = Cli::new(&server);
+    assert_eq!(observe(&cli, ns, &["mv-b", "mv-c"]), grown);
+    server.terminate(Duration::from_secs(20));
+    let out = ok(&["verify", "--data", data]);
+    assert!(
+        out.starts_with(&format!("ok: {} events", head + 2)),
+        "{out}"
+    );
 }

@@ -293,9 +293,12 @@ static UNKNOWN_OUTCOME: std::sync::atomic::AtomicUsize = std::sync::atomic::Atom
 
 type BoxFuture<O> = std::pin::Pin<Box<dyn std::future::Future<Output = O> + Send>>;
 
-fn server() -> (tempfile::TempDir, Server) {
+fn server(backend: &str) -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--hypervisor", "none", "--backend", backend],
+    );
     (dir, server)
 }
 
@@ -327,7 +330,16 @@ fn assert_linearizable<S, I, O>(
 
 #[test]
 fn conflicting_updates_racing_creates_and_firmware_uuid_claims_are_linearizable() {
-    let (_dir, server) = server();
+    linearizable_on("sled");
+}
+
+#[test]
+fn on_the_file_log_conflicting_updates_and_claims_are_linearizable() {
+    linearizable_on("file");
+}
+
+fn linearizable_on(backend: &str) {
+    let (_dir, server) = server(backend);
     let mut rng = Rng::new(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -169,7 +169,7 @@ impl Inner {
             }
         };
         let last_position = first_position + accepted - 1;
-        match self.write_durably(&body, first_position, last_position, recorded_at) {
+        match self.write_record(&body, first_position, last_position, recorded_at, true) {
             Ok(()) => {}
             Err(err) => {
                 let reason =
@@ -191,14 +191,15 @@ impl Inner {
         )
     }
 
-    /// Writes the record at the end of the file, syncs it, then adds it to the indexes and
-    /// publishes the new head.
-    fn write_durably(
+    /// Writes the record at the end of the file, syncs it (when `sync`: an import syncs once at
+    /// its end), then adds it to the indexes and publishes the new head.
+    pub(super) fn write_record(
         &self,
         encoded: &(Vec<u8>, Vec<ClaimChange>),
         first_position: u64,
         last_position: u64,
         recorded_at: i64,
+        sync: bool,
     ) -> Result<()> {
         let (bytes, claims) = encoded;
         let offset = self.index().end_offset;
@@ -214,10 +215,9 @@ impl Inner {
         fail::fail_point!("store::file::before_fdatasync", |_| Err(injected(
             "store::file::before_fdatasync"
         )));
-        self.file.sync_data().map_err(|source| Error::Io {
-            context: "fdatasync of the log file",
-            source,
-        })?;
+        if sync {
+            self.sync()?;
+        }
         let record = RecordAt {
             first_position,
             last_position,
@@ -237,6 +237,16 @@ impl Inner {
             self.publish_head(last_position);
         }
         Ok(())
+    }
+}
+
+impl Inner {
+    /// `fdatasync` of the log file.
+    pub(super) fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|source| Error::Io {
+            context: "fdatasync of the log file",
+            source,
+        })
     }
 }
 

@@ -27,6 +27,7 @@
 //! - One process per directory: the file is locked (`flock`) while open.
 
 mod commit;
+pub mod import;
 pub mod record;
 
 use std::collections::{HashMap, VecDeque};

@@ -28,9 +28,8 @@ use super::keys::{self, IdLocation, StreamEntry};
 use super::{SledLog, engine, guarded, lock};
 use crate::batch::{BatchWriter, StoredEvent};
 use crate::error::{Error, Result};
-use crate::hash::event_hash;
-use crate::log::decide_claims;
-use crate::types::{Claim, Position, RecordedEvent, Revision, Timestamp};
+use crate::log::{ImportTip, check_import};
+use crate::types::{Claim, Position, RecordedEvent, Timestamp};
 
 /// Events in one stored batch value at most.
 pub const VALUE_EVENTS_MAX: usize = 4_096;
@@ -192,9 +191,6 @@ impl Importer<'_> {
     }
 
     fn push_inner(&mut self, event: RecordedEvent, claims: &[Claim]) -> Result<()> {
-        self.check_limits(&event, claims)?;
-        let position = event.position;
-        let corrupt = |reason: String| Error::Corrupt { position, reason };
         let seen_on_disk = if self.lookup_ids_on_disk {
             self.log
                 .db
@@ -204,46 +200,21 @@ impl Importer<'_> {
         } else {
             false
         };
-        if seen_on_disk || !self.ids.insert(event.id) {
-            return Err(Error::InvalidRequest {
-                reason: format!(
-                    "position {position}: event id {} is already in the log",
-                    event.id
-                ),
-            });
-        }
+        let id_seen = seen_on_disk || self.ids.contains(&event.id);
         let mut state = lock(&self.log.state);
-        if event.position.0 != state.last_position + 1 {
-            return Err(corrupt(format!(
-                "the import expected position {} next",
-                state.last_position + 1
-            )));
-        }
-        if event.prev_hash != state.last_hash {
-            return Err(corrupt("the previous hash does not match the chain".into()));
-        }
-        if event_hash(&event.as_ref()) != event.hash {
-            return Err(corrupt(
-                "the event's hash does not match its content".into(),
-            ));
-        }
-        let head: Revision = state.heads.get(&event.stream).copied().unwrap_or(0);
-        if event.revision != head + 1 {
-            return Err(corrupt(format!(
-                "stream {} jumps from revision {head} to {}",
-                event.stream, event.revision
-            )));
-        }
-        if event.recorded_at.0 < state.last_recorded_at {
-            return Err(corrupt("recorded_at goes backwards".into()));
-        }
-        let holder = |key: &str| state.claims.get(key).cloned();
-        let changes =
-            decide_claims(claims, &holder).map_err(|(key, holder)| Error::ClaimTaken {
-                key,
-                holder,
-                not_written: vec![event.id],
-            })?;
+        let changes = {
+            let holder = |key: &str| state.claims.get(key).cloned();
+            let tip = ImportTip {
+                last_position: state.last_position,
+                last_hash: state.last_hash,
+                last_recorded_at: state.last_recorded_at,
+                stream_revision: state.heads.get(&event.stream).copied().unwrap_or(0),
+                id_seen,
+                holder: &holder,
+            };
+            check_import(&self.log.options.limits, &event, claims, &tip)?
+        };
+        self.ids.insert(event.id);
         for (key, owner) in changes {
             match owner {
                 Some(owner) => {
@@ -290,67 +261,13 @@ impl Importer<'_> {
         }
         self.value_bytes += bytes;
         self.batch_bytes += bytes;
-        self.value.push(stored(event));
+        self.value.push(StoredEvent::from(event));
         self.imported += 1;
         self.batch_events += 1;
         if self.batch_events >= self.options.sync_every_events
             || self.batch_bytes >= self.options.sync_every_bytes
         {
             self.sync()?;
-        }
-        Ok(())
-    }
-
-    fn check_limits(&self, event: &RecordedEvent, claims: &[Claim]) -> Result<()> {
-        let limits = &self.log.options.limits;
-        let check = |limit: &'static str, max: usize, actual: usize| {
-            if actual > max {
-                Err(Error::LimitExceeded {
-                    limit,
-                    max: max as u64,
-                    actual: actual as u64,
-                })
-            } else {
-                Ok(())
-            }
-        };
-        if event.stream.is_empty() || event.event_type.is_empty() {
-            return Err(Error::InvalidRequest {
-                reason: format!(
-                    "position {}: an event needs a stream and an event type",
-                    event.position
-                ),
-            });
-        }
-        check(
-            "stream_name_bytes_max",
-            limits.stream_name_bytes_max,
-            event.stream.len(),
-        )?;
-        check(
-            "event_type_bytes_max",
-            limits.event_type_bytes_max,
-            event.event_type.len(),
-        )?;
-        check("actor_bytes_max", limits.actor_bytes_max, event.actor.len())?;
-        check(
-            "event_payload_bytes_max",
-            limits.event_payload_bytes_max,
-            event.payload.len(),
-        )?;
-        check("append_claims_max", limits.append_claims_max, claims.len())?;
-        for claim in claims {
-            if claim.key().is_empty() || claim.owner().is_empty() {
-                return Err(Error::InvalidRequest {
-                    reason: "a claim needs a non-empty key and owner".into(),
-                });
-            }
-            check("claim_bytes_max", limits.claim_bytes_max, claim.key().len())?;
-            check(
-                "claim_bytes_max",
-                limits.claim_bytes_max,
-                claim.owner().len(),
-            )?;
         }
         Ok(())
     }
@@ -466,23 +383,5 @@ impl Importer<'_> {
         self.batch_events = 0;
         self.batch_bytes = 0;
         Ok(())
-    }
-}
-
-fn stored(event: RecordedEvent) -> StoredEvent {
-    StoredEvent {
-        position: event.position.0,
-        stream: event.stream,
-        revision: event.revision,
-        id: event.id,
-        recorded_at: event.recorded_at.0,
-        actor: event.actor,
-        correlation_id: event.correlation_id,
-        causation_id: event.causation_id,
-        event_type: event.event_type,
-        schema_version: event.schema_version,
-        payload: event.payload,
-        prev_hash: event.prev_hash,
-        hash: event.hash,
     }
 }
