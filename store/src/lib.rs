@@ -23,8 +23,10 @@
 //! - [`Error`]: typed failures; a conflict carries expected and actual revisions, damage names the
 //!   position ([`Error::Corrupt`]).
 //! - [`Limits`]: every bound, unit in its name.
-//! - [`SledLog`]: the embedded backend (sled 0.34 + explicit `fdatasync`, group commit, each
-//!   committed batch stored as one value).
+//! - [`SledLog`]: the default embedded backend (sled 0.34 + explicit `fdatasync`, group commit,
+//!   each committed batch stored as one value).
+//! - [`FileLog`]: the other embedded backend: one append-only file, one `write` and one
+//!   `fdatasync` per group commit, the indexes in memory (rebuilt at open).
 //!
 //! ## Guarantees
 //!
