@@ -42,13 +42,12 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use tokio::sync::{mpsc, oneshot};
-use uuid::Uuid;
+use vmplane_store::Timestamp;
 use vmplane_store::hash::event_hash;
 use vmplane_store::log::decide_append;
 use vmplane_store::{
     AppendRequest, AppendResult, Error, Fence, Position, RecordedEventRef, Result,
 };
-use vmplane_store::{Revision, Timestamp};
 // How one request was decided: the same outcomes on every backend.
 use vmplane_store::log::AppendDecision as Decision;
 
@@ -79,15 +78,9 @@ pub(crate) struct Pending {
     pub reply: oneshot::Sender<Result<AppendResult>>,
 }
 
-/// The effects of the requests accepted so far in a group (or of the groups in flight), on top
-/// of the index and the claim cache.
-#[derive(Default)]
-struct Overlay {
-    heads: HashMap<String, Revision>,
-    claims: HashMap<String, Option<String>>,
-    ids: HashMap<Uuid, IdLocation>,
-    next_position: u64,
-}
+// The effects of the requests accepted so far in a group (or of the groups in flight), on top
+// of the index and the claim cache: the store's shared form.
+use vmplane_store::log::Overlay;
 
 /// What one transaction would write, kept to apply it once etcd says yes.
 struct Plan {
@@ -1002,47 +995,11 @@ fn unknown_outcome(decisions: Vec<Decision>, failure: &Failure) -> Vec<Result<Ap
         .collect()
 }
 
-impl Overlay {
-    fn accept(
-        &mut self,
-        request: &AppendRequest,
-        first_revision: Revision,
-        first_position: u64,
-        claims: &[(String, Option<String>)],
-    ) {
-        let count = request.events.len() as u64;
-        let stream: Arc<str> = Arc::from(request.stream.as_str());
-        for (offset, event) in request.events.iter().enumerate() {
-            self.ids.insert(
-                event.id,
-                IdLocation {
-                    position: first_position + offset as u64,
-                    revision: first_revision + offset as u64,
-                    stream: Arc::clone(&stream),
-                },
-            );
-        }
-        self.heads
-            .insert(request.stream.clone(), first_revision + count - 1);
-        for (key, owner) in claims {
-            self.claims.insert(key.clone(), owner.clone());
-        }
-        self.next_position = first_position + count;
-    }
-
-    /// Takes the effects of `later`, a group decided after everything in this one.
-    fn absorb(&mut self, later: Overlay) {
-        self.heads.extend(later.heads);
-        self.claims.extend(later.claims);
-        self.ids.extend(later.ids);
-        self.next_position = later.next_position;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::EtcdLog;
+    use uuid::Uuid;
     use vmplane_store::{ExpectedRevision, ProposedEvent};
 
     fn one_event_append(stream: &str) -> AppendRequest {

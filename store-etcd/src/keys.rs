@@ -22,8 +22,6 @@
 //! nothing reads them. `recorded_at` (signed nanoseconds) is stored offset by 2^63 so it sorts
 //! as unsigned.
 
-use std::sync::Arc;
-
 use vmplane_store::{Error, Position, Result, Revision, Timestamp};
 
 /// The keys of one log, all under `<namespace>/v1/`.
@@ -161,24 +159,8 @@ impl Head {
     }
 }
 
-/// Where an event id is committed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct IdLocation {
-    pub position: u64,
-    pub revision: Revision,
-    pub stream: Arc<str>,
-}
-
-/// This entry as the backend-neutral [`vmplane_store::log::IdAt`].
-impl vmplane_store::log::AsIdAt for IdLocation {
-    fn at(&self) -> vmplane_store::log::IdAt<'_> {
-        vmplane_store::log::IdAt {
-            stream: &self.stream,
-            position: self.position,
-            revision: self.revision,
-        }
-    }
-}
+/// Where an event id is committed (the store's shared form).
+pub(crate) use vmplane_store::log::IdLocation;
 
 /// A run of a stream's events in the index: revisions `first_revision..` at positions
 /// `first_position..`, `count` of them (one append, or several that followed each other).

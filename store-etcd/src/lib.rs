@@ -132,8 +132,8 @@ pub use leader::{ELECTION_NAME_BYTES_MAX, Election, Term};
 pub use subscribe::EtcdSubscription;
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Runtime;
@@ -200,9 +200,7 @@ impl EtcdOptions {
 
 /// The head as this process knows it, and the condition [`EventLog::wait_for`] sleeps on.
 pub(crate) struct Shared {
-    head: AtomicU64,
-    lock: Mutex<()>,
-    changed: Condvar,
+    head: vmplane_store::log::DurableHead,
     pub(crate) commits: AtomicU64,
     pub(crate) committed_events: AtomicU64,
     pub(crate) guard_failures: AtomicU64,
@@ -229,9 +227,7 @@ pub struct CommitStats {
 impl Shared {
     fn new(head: u64) -> Shared {
         Shared {
-            head: AtomicU64::new(head),
-            lock: Mutex::new(()),
-            changed: Condvar::new(),
+            head: vmplane_store::log::DurableHead::new(head),
             commits: AtomicU64::new(0),
             committed_events: AtomicU64::new(0),
             guard_failures: AtomicU64::new(0),
@@ -241,14 +237,12 @@ impl Shared {
     }
 
     pub(crate) fn head(&self) -> u64 {
-        self.head.load(Ordering::Acquire)
+        self.head.get()
     }
 
     /// Raises the known head to `position` (never lowers it) and wakes waiters.
     pub(crate) fn publish(&self, position: u64) {
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.head.fetch_max(position, Ordering::AcqRel);
-        self.changed.notify_all();
+        self.head.publish(position);
     }
 }
 
@@ -562,24 +556,7 @@ impl EventLog for EtcdLog {
     }
 
     fn wait_for(&self, position: Position, timeout: Duration) -> Result<Position> {
-        let deadline = Instant::now() + timeout;
-        let mut guard = self.shared.lock.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            let head = self.shared.head();
-            if head >= position.0 {
-                return Ok(Position(head));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(Position(head));
-            }
-            guard = self
-                .shared
-                .changed
-                .wait_timeout(guard, left)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
+        Ok(self.shared.head.wait_for(position, timeout))
     }
 
     fn stream_revision(&self, stream: &str) -> Result<Option<Revision>> {

@@ -71,6 +71,35 @@ impl From<crate::types::RecordedEvent> for StoredEvent {
 }
 
 impl StoredEvent {
+    /// What the log records for `proposed` at `position` as revision `revision` of `stream`,
+    /// chained to `prev_hash`, with its own hash computed.
+    pub fn recorded(
+        proposed: crate::types::ProposedEvent,
+        position: u64,
+        stream: String,
+        revision: u64,
+        recorded_at: i64,
+        prev_hash: [u8; 32],
+    ) -> StoredEvent {
+        let mut stored = StoredEvent {
+            position,
+            stream,
+            revision,
+            id: proposed.id,
+            recorded_at,
+            actor: proposed.actor,
+            correlation_id: proposed.correlation_id,
+            causation_id: proposed.causation_id,
+            event_type: proposed.event_type,
+            schema_version: proposed.schema_version,
+            payload: proposed.payload,
+            prev_hash,
+            hash: [0; 32],
+        };
+        stored.hash = crate::hash::event_hash(&stored.as_event_ref());
+        stored
+    }
+
     /// This event as the log hands it out (to hash it before it is written).
     pub fn as_event_ref(&self) -> RecordedEventRef<'_> {
         RecordedEventRef {

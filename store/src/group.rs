@@ -125,6 +125,39 @@ impl Committer {
     }
 }
 
+/// What a group commit returns: each request's result, in order, and the time recorded with the
+/// events written (`None` if none were).
+pub(crate) type Committed = (Vec<Result<AppendResult>>, Option<i64>);
+
+/// Runs a group's commit and answers its appenders (`slots`, in the group's order) with what it
+/// returned. A panic in `commit` is caught: `poison` is told why (the backend refuses appends
+/// from then on) and every appender not yet answered gets that reason as `Unavailable`.
+pub(crate) fn commit_and_answer(
+    slots: &[std::sync::Arc<Slot>],
+    commit: impl FnOnce() -> Committed,
+    poison: impl FnOnce(String),
+) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(commit)) {
+        Ok((results, recorded_at)) => {
+            for (slot, result) in slots.iter().zip(results) {
+                slot.set(SlotState::Done(result, recorded_at));
+            }
+        }
+        Err(_) => {
+            let reason = "the group commit panicked".to_owned();
+            poison(reason.clone());
+            for slot in slots.iter().filter(|slot| !slot.is_done()) {
+                slot.set(SlotState::Done(
+                    Err(crate::error::Error::Unavailable {
+                        reason: reason.clone(),
+                    }),
+                    None,
+                ));
+            }
+        }
+    }
+}
+
 /// The error a `return` fail point injects (see `store/tests/failpoints.rs`).
 // Used only where `fail/failpoints` is on (this crate's `failpoints`, or another crate's, since
 // cargo unifies `fail`'s features).

@@ -521,6 +521,256 @@ fn check_import_limits(limits: &Limits, event: &RecordedEvent, claims: &[Claim])
     Ok(())
 }
 
+/// A backend's durable head: the last durable position, raised by its committer, and the
+/// condition [`EventLog::wait_for`] sleeps on. Shared by every backend so each publishes and
+/// waits alike.
+pub struct DurableHead {
+    position: std::sync::atomic::AtomicU64,
+    lock: std::sync::Mutex<()>,
+    changed: std::sync::Condvar,
+}
+
+impl DurableHead {
+    /// A head at `position`.
+    #[must_use]
+    pub fn new(position: u64) -> DurableHead {
+        DurableHead {
+            position: std::sync::atomic::AtomicU64::new(position),
+            lock: std::sync::Mutex::new(()),
+            changed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// The last durable position.
+    #[must_use]
+    pub fn get(&self) -> u64 {
+        self.position.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Raises the head to `position` (never lowers it) and wakes every waiter.
+    pub fn publish(&self, position: u64) {
+        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.position
+            .fetch_max(position, std::sync::atomic::Ordering::AcqRel);
+        self.changed.notify_all();
+    }
+
+    /// Blocks until the head reaches `position` or `timeout` passes; returns the head then.
+    pub fn wait_for(&self, position: Position, timeout: Duration) -> Position {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let head = self.get();
+            if head >= position.0 {
+                return Position(head);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Position(head);
+            }
+            guard = self
+                .changed
+                .wait_timeout(guard, left)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+/// Where an event id is committed, as a backend with its id index in memory holds it (the
+/// stream's name shared by all its entries).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdLocation {
+    /// The event's position.
+    pub position: u64,
+    /// Its stream revision.
+    pub revision: Revision,
+    /// Its stream.
+    pub stream: Arc<str>,
+}
+
+impl AsIdAt for IdLocation {
+    fn at(&self) -> IdAt<'_> {
+        IdAt {
+            stream: &self.stream,
+            position: self.position,
+            revision: self.revision,
+        }
+    }
+}
+
+/// The effects of the requests accepted so far in a group commit, on top of a backend's own
+/// indexes: what the next request of the group is decided against.
+#[derive(Default)]
+pub struct Overlay {
+    /// Stream heads changed by the group.
+    pub heads: std::collections::HashMap<String, Revision>,
+    /// Claims taken (`Some`) or freed (`None`) by the group.
+    pub claims: std::collections::HashMap<String, Option<String>>,
+    /// Event ids the group committed.
+    pub ids: std::collections::HashMap<uuid::Uuid, IdLocation>,
+    /// The position the next accepted request starts at.
+    pub next_position: u64,
+}
+
+impl Overlay {
+    /// An empty overlay whose next request starts at `next_position`.
+    #[must_use]
+    pub fn at(next_position: u64) -> Overlay {
+        Overlay {
+            next_position,
+            ..Overlay::default()
+        }
+    }
+
+    /// Records an accepted request's effects.
+    pub fn accept(
+        &mut self,
+        request: &AppendRequest,
+        first_revision: Revision,
+        first_position: u64,
+        claims: &[(String, Option<String>)],
+    ) {
+        let count = request.events.len() as u64;
+        let stream: Arc<str> = Arc::from(request.stream.as_str());
+        for (offset, event) in request.events.iter().enumerate() {
+            self.ids.insert(
+                event.id,
+                IdLocation {
+                    position: first_position + offset as u64,
+                    revision: first_revision + offset as u64,
+                    stream: Arc::clone(&stream),
+                },
+            );
+        }
+        self.heads
+            .insert(request.stream.clone(), first_revision + count - 1);
+        for (key, owner) in claims {
+            self.claims.insert(key.clone(), owner.clone());
+        }
+        self.next_position = first_position + count;
+    }
+
+    /// Takes the effects of `later`, a group decided after everything in this one.
+    pub fn absorb(&mut self, later: Overlay) {
+        self.heads.extend(later.heads);
+        self.claims.extend(later.claims);
+        self.ids.extend(later.ids);
+        self.next_position = later.next_position;
+    }
+}
+
+/// Walks a log from position 1 for [`EventLog::verify`]: each event must follow the one before
+/// (position, chain, its own hash, its stream's next revision, time order) and its payload must
+/// decode. Every backend's `verify` feeds it the events in order, so they check alike.
+pub struct VerifyWalk<'a> {
+    validate_payload: PayloadValidator<'a>,
+    next: u64,
+    prev_hash: [u8; 32],
+    last_recorded_at: i64,
+    revisions: std::collections::HashMap<String, Revision>,
+}
+
+impl<'a> VerifyWalk<'a> {
+    /// A walk from the start of the log.
+    #[must_use]
+    pub fn new(validate_payload: PayloadValidator<'a>) -> VerifyWalk<'a> {
+        VerifyWalk {
+            validate_payload,
+            next: 1,
+            prev_hash: crate::hash::GENESIS_PREV_HASH,
+            last_recorded_at: i64::MIN,
+            revisions: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The position the next event must have.
+    #[must_use]
+    pub fn next_position(&self) -> u64 {
+        self.next
+    }
+
+    /// Checks the next event.
+    pub fn check(&mut self, event: &RecordedEventRef<'_>) -> Result<()> {
+        let position = event.position;
+        let corrupt = |reason: String| Error::Corrupt { position, reason };
+        if position.0 != self.next {
+            return Err(Error::Corrupt {
+                position: Position(self.next),
+                reason: format!("gap in the log: the next event is at {position}"),
+            });
+        }
+        if event.prev_hash != &self.prev_hash {
+            return Err(corrupt("the previous hash does not match the chain".into()));
+        }
+        if crate::hash::event_hash(event) != *event.hash {
+            return Err(corrupt(
+                "the event's hash does not match its content".into(),
+            ));
+        }
+        let revision = self.revisions.entry(event.stream.to_owned()).or_insert(0);
+        if event.revision != *revision + 1 {
+            return Err(corrupt(format!(
+                "stream {} jumps from revision {} to {}",
+                event.stream, revision, event.revision
+            )));
+        }
+        *revision = event.revision;
+        if event.recorded_at.0 < self.last_recorded_at {
+            return Err(corrupt("recorded_at goes backwards".into()));
+        }
+        self.last_recorded_at = event.recorded_at.0;
+        (self.validate_payload)(event.event_type, event.schema_version, event.payload).map_err(
+            |reason| {
+                corrupt(format!(
+                    "payload of {} v{} does not decode: {reason}",
+                    event.event_type, event.schema_version
+                ))
+            },
+        )?;
+        self.prev_hash = *event.hash;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// The report once every event up to `head` has been checked.
+    pub fn finish(self, head: u64) -> Result<VerifyReport> {
+        if self.next != head + 1 {
+            return Err(Error::Corrupt {
+                position: Position(self.next),
+                reason: format!("the log ends at {} but its head is {head}", self.next - 1),
+            });
+        }
+        Ok(VerifyReport {
+            events: head,
+            head_hash: self.prev_hash,
+        })
+    }
+}
+
+/// [`EventLog::read_all`] over a backend's scan: up to `max_count` events (capped by
+/// `limits`), copied out of what `scan` visits in order. `scan` stops when its visitor breaks.
+pub fn read_all_by_scan(
+    limits: &Limits,
+    max_count: usize,
+    scan: impl FnOnce(Visitor<'_>) -> Result<u64>,
+) -> Result<Vec<RecordedEvent>> {
+    let max_count = max_count.min(limits.read_events_max);
+    let mut events = Vec::with_capacity(max_count.min(1024));
+    if max_count == 0 {
+        return Ok(events);
+    }
+    scan(&mut |event| {
+        events.push(event.to_owned_event());
+        if events.len() >= max_count {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })?;
+    Ok(events)
+}
+
 /// Where an event id already stands in the log: a backend's id-index entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdAt<'a> {
@@ -706,7 +956,7 @@ pub fn decide_claims(
 mod tests {
     use uuid::Uuid;
 
-    use super::{AppendDecision, IdAt, decide_append};
+    use super::{AppendDecision, IdAt, VerifyWalk, decide_append};
     use crate::error::{Error, Result};
     use crate::types::{AppendRequest, Claim, ExpectedRevision, Position, ProposedEvent, Revision};
 
@@ -931,6 +1181,70 @@ mod tests {
                 }
             ),
             "{decision:?}"
+        );
+    }
+
+    fn recorded(
+        position: u64,
+        stream: &str,
+        revision: Revision,
+        prev: [u8; 32],
+    ) -> crate::RecordedEvent {
+        let mut event = crate::RecordedEvent {
+            position: Position(position),
+            stream: stream.into(),
+            revision,
+            id: Uuid::from_u128(u128::from(position)),
+            recorded_at: crate::Timestamp(10),
+            actor: "a".into(),
+            correlation_id: Uuid::from_u128(7),
+            causation_id: None,
+            event_type: "T".into(),
+            schema_version: 1,
+            payload: vec![1, 2, 3],
+            prev_hash: prev,
+            hash: [0; 32],
+        };
+        event.hash = crate::hash::event_hash(&event.as_ref());
+        event
+    }
+
+    #[test]
+    fn the_verify_walk_names_the_first_event_that_does_not_follow() {
+        let ok = |_: &str, _: u16, _: &[u8]| Ok(());
+        let first = recorded(1, "s", 1, [0; 32]);
+        let second = recorded(2, "s", 2, first.hash);
+        let mut walk = VerifyWalk::new(&ok);
+        walk.check(&first.as_ref()).expect("first");
+        walk.check(&second.as_ref()).expect("second");
+        assert_eq!(walk.finish(2).expect("report").head_hash, second.hash);
+
+        let cases = [
+            (recorded(2, "s", 2, [9; 32]), "previous hash"),
+            (
+                recorded(2, "s", 3, first.hash),
+                "jumps from revision 1 to 3",
+            ),
+            (recorded(3, "s", 2, first.hash), "gap in the log"),
+        ];
+        for (bad, reason) in cases {
+            let mut walk = VerifyWalk::new(&ok);
+            walk.check(&first.as_ref()).expect("first");
+            match walk.check(&bad.as_ref()) {
+                Err(Error::Corrupt {
+                    position,
+                    reason: got,
+                }) => {
+                    assert_eq!(position, Position(2), "{got}");
+                    assert!(got.contains(reason), "{got}");
+                }
+                other => panic!("expected Corrupt ({reason}), got {other:?}"),
+            }
+        }
+        let mut walk = VerifyWalk::new(&ok);
+        walk.check(&first.as_ref()).expect("first");
+        assert!(
+            matches!(walk.finish(2), Err(Error::Corrupt { position, .. }) if position == Position(2))
         );
     }
 }

@@ -1,42 +1,29 @@
 //! The committer thread: takes what has queued, decides each request, writes one record, syncs,
 //! updates the indexes and answers every appender.
 
-use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use rkyv::util::AlignedVec;
-use uuid::Uuid;
 
 use super::record::{self, ClaimChange, FRAME_BYTES};
-use super::{IdEntry, Index, Inner, RecordAt, lock, write};
+use super::{Index, Inner, RecordAt, lock, write};
 use crate::batch::{BatchView, BatchWriter, StoredEvent};
 use crate::error::{Error, Result};
 // Fail points inject it only with the `failpoints` feature.
 #[cfg_attr(not(feature = "failpoints"), allow(unused_imports))]
 use crate::group::injected;
-use crate::group::{Slot, SlotState};
-use crate::hash::event_hash;
+use crate::group::{Committed, Slot, commit_and_answer};
 // How one request was decided: the same outcomes on every backend.
 use crate::log::AppendDecision as Decision;
-use crate::log::decide_append;
-use crate::types::{AppendRequest, AppendResult, Revision};
+use crate::log::{IdLocation, Overlay, decide_append};
+use crate::types::{AppendRequest, AppendResult};
 
 /// One queued append.
 pub(super) struct Pending {
     pub request: AppendRequest,
     pub slot: Arc<Slot>,
-}
-
-/// The effects of the requests accepted so far in this group, on top of the indexes.
-#[derive(Default)]
-struct Overlay {
-    heads: HashMap<String, Revision>,
-    claims: HashMap<String, Option<String>>,
-    ids: HashMap<Uuid, IdEntry>,
-    next_position: u64,
 }
 
 impl Inner {
@@ -80,30 +67,16 @@ impl Inner {
 
     fn commit(&self, group: Vec<Pending>) {
         let slots: Vec<Arc<Slot>> = group.iter().map(|p| Arc::clone(&p.slot)).collect();
-        match catch_unwind(AssertUnwindSafe(|| self.commit_group(group))) {
-            Ok((results, recorded_at)) => {
-                for (slot, result) in slots.iter().zip(results) {
-                    slot.set(SlotState::Done(result, recorded_at));
-                }
-            }
-            Err(_) => {
-                let reason = "the group commit panicked".to_owned();
-                write(&self.index).poisoned = Some(reason.clone());
-                for slot in slots.iter().filter(|slot| !slot.is_done()) {
-                    slot.set(SlotState::Done(
-                        Err(Error::Unavailable {
-                            reason: reason.clone(),
-                        }),
-                        None,
-                    ));
-                }
-            }
-        }
+        commit_and_answer(
+            &slots,
+            || self.commit_group(group),
+            |reason| write(&self.index).poisoned = Some(reason),
+        );
     }
 
     /// Decides, writes and syncs one group; returns each request's result, in order, and the
     /// time recorded with the events written (`None` if none were).
-    fn commit_group(&self, group: Vec<Pending>) -> (Vec<Result<AppendResult>>, Option<i64>) {
+    fn commit_group(&self, group: Vec<Pending>) -> Committed {
         // Only this thread changes the index, so what is decided on here stays true until the
         // write below is published.
         let (decisions, accepted, first_position, prev_hash, recorded_at) = {
@@ -119,10 +92,7 @@ impl Inner {
                     .collect();
                 return (refused, None);
             }
-            let mut overlay = Overlay {
-                next_position: index.last_position + 1,
-                ..Overlay::default()
-            };
+            let mut overlay = Overlay::at(index.last_position + 1);
             let decisions: Vec<Decision> = group
                 .iter()
                 .map(|pending| {
@@ -234,7 +204,7 @@ impl Inner {
             index.add_record(record, &view, claims)?;
             index.remember(first_position, body, self.options.recent_records_bytes_max);
             // Under the index's lock: a reader that sees the new indexes sees the new head.
-            self.publish_head(last_position);
+            self.durable.publish(last_position);
         }
         Ok(())
     }
@@ -252,7 +222,7 @@ impl Inner {
 
 /// How one request fares against the indexes plus the group's earlier effects.
 fn decide(index: &Index, overlay: &Overlay, request: &AppendRequest) -> Decision {
-    let locations: Vec<Option<IdEntry>> = request
+    let locations: Vec<Option<IdLocation>> = request
         .events
         .iter()
         .map(|event| {
@@ -285,35 +255,6 @@ fn decide(index: &Index, overlay: &Overlay, request: &AppendRequest) -> Decision
         &holder,
         overlay.next_position,
     )
-}
-
-impl Overlay {
-    fn accept(
-        &mut self,
-        request: &AppendRequest,
-        first_revision: Revision,
-        first_position: u64,
-        claims: &[(String, Option<String>)],
-    ) {
-        let count = request.events.len() as u64;
-        let stream: Arc<str> = Arc::from(request.stream.as_str());
-        for (offset, event) in request.events.iter().enumerate() {
-            self.ids.insert(
-                event.id,
-                IdEntry {
-                    stream: Arc::clone(&stream),
-                    position: first_position + offset as u64,
-                    revision: first_revision + offset as u64,
-                },
-            );
-        }
-        self.heads
-            .insert(request.stream.clone(), first_revision + count - 1);
-        for (key, owner) in claims {
-            self.claims.insert(key.clone(), owner.clone());
-        }
-        self.next_position = first_position + count;
-    }
 }
 
 /// The record of the accepted requests: their events with their hashes, and their claim
@@ -351,22 +292,14 @@ fn encode(
         };
         let AppendRequest { stream, events, .. } = request;
         for (offset, proposed) in events.into_iter().enumerate() {
-            let mut stored = StoredEvent {
+            let stored = StoredEvent::recorded(
+                proposed,
                 position,
-                stream: stream.clone(),
-                revision: first_revision + offset as u64,
-                id: proposed.id,
+                stream.clone(),
+                first_revision + offset as u64,
                 recorded_at,
-                actor: proposed.actor,
-                correlation_id: proposed.correlation_id,
-                causation_id: proposed.causation_id,
-                event_type: proposed.event_type,
-                schema_version: proposed.schema_version,
-                payload: proposed.payload,
                 prev_hash,
-                hash: [0; 32],
-            };
-            stored.hash = event_hash(&stored.as_event_ref());
+            );
             writer.push(&stored)?;
             prev_hash = stored.hash;
             position += 1;

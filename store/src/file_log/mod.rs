@@ -33,14 +33,13 @@ pub mod record;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::ops::ControlFlow;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rkyv::util::AlignedVec;
 use uuid::Uuid;
@@ -48,8 +47,11 @@ use uuid::Uuid;
 use crate::batch::BatchView;
 use crate::error::{Error, Result};
 use crate::group::{Committer, Slot, SlotFuture};
-use crate::hash::{GENESIS_PREV_HASH, event_hash};
-use crate::log::{AsIdAt, EventLog, IdAt, PayloadValidator, Visitor, check_request};
+use crate::hash::GENESIS_PREV_HASH;
+use crate::log::{
+    DurableHead, EventLog, IdLocation, PayloadValidator, VerifyWalk, Visitor, check_request,
+    read_all_by_scan,
+};
 use crate::sled_log::Clock;
 use crate::submit::{PendingAppend, Submitted};
 use crate::types::{
@@ -128,9 +130,7 @@ struct Inner {
     queue: Mutex<VecDeque<commit::Pending>>,
     bell: Committer,
     /// The last durable position: the head every read stops at.
-    durable: AtomicU64,
-    head_lock: Mutex<()>,
-    head_changed: Condvar,
+    durable: DurableHead,
     /// The current term of each leadership ([`FileLog::take_fence`]). A fenced append holds the
     /// read lock until its append is decided, so a new term cannot begin in the middle of one.
     fences: RwLock<HashMap<String, u64>>,
@@ -167,29 +167,11 @@ impl Run {
     }
 }
 
-/// Where an event id is committed.
-#[derive(Clone, Debug)]
-struct IdEntry {
-    stream: Arc<str>,
-    position: u64,
-    revision: Revision,
-}
-
-impl AsIdAt for IdEntry {
-    fn at(&self) -> IdAt<'_> {
-        IdAt {
-            stream: &self.stream,
-            position: self.position,
-            revision: self.revision,
-        }
-    }
-}
-
 /// Every index, as of the durable head.
 struct Index {
     records: Vec<RecordAt>,
     streams: HashMap<Arc<str>, Vec<Run>>,
-    ids: HashMap<Uuid, IdEntry>,
+    ids: HashMap<Uuid, IdLocation>,
     claims: HashMap<String, String>,
     last_position: u64,
     last_hash: [u8; 32],
@@ -319,7 +301,7 @@ impl Index {
                 .unwrap_or_else(|| Arc::from(event.stream));
             self.ids.insert(
                 event.id,
-                IdEntry {
+                IdLocation {
                     stream,
                     position: event.position.0,
                     revision: event.revision,
@@ -370,7 +352,7 @@ impl fmt::Debug for FileLog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FileLog")
             .field("path", &self.inner.path)
-            .field("head", &self.inner.durable.load(Ordering::Acquire))
+            .field("head", &self.inner.durable.get())
             .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
@@ -430,9 +412,7 @@ impl FileLog {
             index: RwLock::new(index),
             queue: Mutex::new(VecDeque::new()),
             bell: Committer::default(),
-            durable: AtomicU64::new(head),
-            head_lock: Mutex::new(()),
-            head_changed: Condvar::new(),
+            durable: DurableHead::new(head),
             fences: RwLock::new(HashMap::new()),
             commits: AtomicU64::new(0),
         });
@@ -507,13 +487,7 @@ impl Drop for FileLog {
 
 impl Inner {
     fn durable_head(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
-    }
-
-    fn publish_head(&self, position: u64) {
-        let _guard = lock(&self.head_lock);
-        self.durable.store(position, Ordering::Release);
-        self.head_changed.notify_all();
+        self.durable.get()
     }
 
     fn index(&self) -> RwLockReadGuard<'_, Index> {
@@ -680,14 +654,11 @@ impl Inner {
 
     fn verify(&self, validate_payload: PayloadValidator<'_>) -> Result<VerifyReport> {
         let head = self.durable_head();
-        let mut expected = 1u64;
-        let mut prev_hash = GENESIS_PREV_HASH;
-        let mut last_recorded_at = i64::MIN;
-        let mut revisions: HashMap<String, Revision> = HashMap::new();
+        let mut walk = VerifyWalk::new(validate_payload);
         for record in self.records_after(0, head) {
-            if record.first_position != expected {
+            if record.first_position != walk.next_position() {
                 return Err(Error::Corrupt {
-                    position: Position(expected),
+                    position: Position(walk.next_position()),
                     reason: format!(
                         "gap in the log: the next record starts at {}",
                         record.first_position
@@ -698,51 +669,10 @@ impl Inner {
             let body = record::read_body(&self.file, &record)?;
             let view = record::view(&body, &record)?;
             for at in 0..view.len() {
-                let event = view.event(at)?;
-                let position = event.position;
-                let corrupt = |reason: String| Error::Corrupt { position, reason };
-                if event.prev_hash != &prev_hash {
-                    return Err(corrupt("the previous hash does not match the chain".into()));
-                }
-                if event_hash(&event) != *event.hash {
-                    return Err(corrupt(
-                        "the event's hash does not match its content".into(),
-                    ));
-                }
-                let revision = revisions.entry(event.stream.to_owned()).or_insert(0);
-                if event.revision != *revision + 1 {
-                    return Err(corrupt(format!(
-                        "stream {} jumps from revision {} to {}",
-                        event.stream, revision, event.revision
-                    )));
-                }
-                *revision = event.revision;
-                if event.recorded_at.0 < last_recorded_at {
-                    return Err(corrupt("recorded_at goes backwards".into()));
-                }
-                last_recorded_at = event.recorded_at.0;
-                validate_payload(event.event_type, event.schema_version, event.payload).map_err(
-                    |reason| {
-                        corrupt(format!(
-                            "payload of {} v{} does not decode: {reason}",
-                            event.event_type, event.schema_version
-                        ))
-                    },
-                )?;
-                prev_hash = *event.hash;
-                expected += 1;
+                walk.check(&view.event(at)?)?;
             }
         }
-        if expected != head + 1 {
-            return Err(Error::Corrupt {
-                position: Position(expected),
-                reason: format!("the log ends at {} but its head is {head}", expected - 1),
-            });
-        }
-        Ok(VerifyReport {
-            events: head,
-            head_hash: prev_hash,
-        })
+        walk.finish(head)
     }
 }
 
@@ -788,21 +718,10 @@ impl EventLog for FileLog {
     }
 
     fn read_all(&self, after: Position, max_count: usize) -> Result<Vec<RecordedEvent>> {
-        let max_count = max_count.min(self.inner.options.limits.read_events_max);
-        let mut events = Vec::with_capacity(max_count.min(1024));
-        if max_count == 0 {
-            return Ok(events);
-        }
-        self.inner
-            .visit_range(after.0, self.inner.durable_head(), &mut |event| {
-                events.push(event.to_owned_event());
-                if events.len() >= max_count {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            })?;
-        Ok(events)
+        read_all_by_scan(&self.inner.options.limits, max_count, |visit| {
+            self.inner
+                .visit_range(after.0, self.inner.durable_head(), visit)
+        })
     }
 
     fn scan(&self, after: Position, visit: Visitor<'_>) -> Result<Position> {
@@ -850,24 +769,7 @@ impl EventLog for FileLog {
     }
 
     fn wait_for(&self, position: Position, timeout: Duration) -> Result<Position> {
-        let deadline = Instant::now() + timeout;
-        let mut guard = lock(&self.inner.head_lock);
-        loop {
-            let head = self.inner.durable_head();
-            if head >= position.0 {
-                return Ok(Position(head));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(Position(head));
-            }
-            guard = self
-                .inner
-                .head_changed
-                .wait_timeout(guard, left)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
-        }
+        Ok(self.inner.durable.wait_for(position, timeout))
     }
 
     fn stream_revision(&self, stream: &str) -> Result<Option<Revision>> {

@@ -22,7 +22,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -33,14 +32,13 @@ use super::keys::{self, IdLocation, StreamEntry};
 use super::{SledLog, State, engine, lock};
 use crate::batch::{BatchWriter, StoredEvent};
 use crate::error::{Error, Result};
-use crate::hash::event_hash;
-use crate::log::{check_request, decide_append};
+use crate::log::{Overlay, check_request, decide_append};
 // How one request was decided: the same outcomes on every backend.
 use crate::log::AppendDecision as Decision;
 // Fail points inject it only with the `failpoints` feature.
 #[cfg_attr(not(feature = "failpoints"), allow(unused_imports))]
 use crate::group::injected;
-use crate::group::{Committer, Slot, SlotFuture, SlotState};
+use crate::group::{Committed, Committer, Slot, SlotFuture, SlotState, commit_and_answer};
 use crate::submit::{PendingAppend, Submitted};
 use crate::types::{AppendRequest, AppendResult, Revision, Timestamp};
 
@@ -64,15 +62,6 @@ struct Pending {
     slot: Arc<Slot>,
     /// A submitted append: a future waits on the slot, no thread; it is never made leader.
     submitted: bool,
-}
-
-/// The effects of the requests accepted so far in this group, on top of `State`.
-#[derive(Default)]
-struct Overlay {
-    heads: HashMap<String, Revision>,
-    claims: HashMap<String, Option<String>>,
-    ids: HashMap<Uuid, IdLocation>,
-    next_position: u64,
 }
 
 impl SledLog {
@@ -242,30 +231,16 @@ impl SledLog {
         if group.is_empty() {
             return;
         }
-        match catch_unwind(AssertUnwindSafe(|| self.commit_group(group))) {
-            Ok((results, recorded_at)) => {
-                for (slot, result) in slots.iter().zip(results) {
-                    slot.set(SlotState::Done(result, recorded_at));
-                }
-            }
-            Err(_) => {
-                let reason = "the group commit panicked".to_owned();
-                lock(&self.state).poisoned = Some(reason.clone());
-                for slot in slots.iter().filter(|slot| !slot.is_done()) {
-                    slot.set(SlotState::Done(
-                        Err(Error::Unavailable {
-                            reason: reason.clone(),
-                        }),
-                        None,
-                    ));
-                }
-            }
-        }
+        commit_and_answer(
+            &slots,
+            || self.commit_group(group),
+            |reason| lock(&self.state).poisoned = Some(reason),
+        );
     }
 
     /// Decides, writes and syncs one group; returns each request's result, in order, and the
     /// time recorded with the events written (`None` if none were).
-    fn commit_group(&self, group: Vec<Pending>) -> (Vec<Result<AppendResult>>, Option<i64>) {
+    fn commit_group(&self, group: Vec<Pending>) -> Committed {
         let mut state = lock(&self.state);
         if let Some(reason) = &state.poisoned {
             let reason = reason.clone();
@@ -279,10 +254,7 @@ impl SledLog {
                 .collect();
             return (results, None);
         }
-        let mut overlay = Overlay {
-            next_position: state.last_position + 1,
-            ..Overlay::default()
-        };
+        let mut overlay = Overlay::at(state.last_position + 1);
         let decisions: Vec<Decision> = group
             .iter()
             .map(|pending| {
@@ -498,29 +470,19 @@ impl SledLog {
             let count = events.len();
             for (offset, proposed) in events.into_iter().enumerate() {
                 let revision = first_revision + offset as u64;
-                let mut stored = StoredEvent {
+                let stored = StoredEvent::recorded(
+                    proposed,
                     position,
-                    stream: stream.clone(),
+                    stream.clone(),
                     revision,
-                    id: proposed.id,
                     recorded_at,
-                    actor: proposed.actor,
-                    correlation_id: proposed.correlation_id,
-                    causation_id: proposed.causation_id,
-                    event_type: proposed.event_type,
-                    schema_version: proposed.schema_version,
-                    payload: proposed.payload,
                     prev_hash,
-                    hash: [0; 32],
-                };
-                stored.hash = event_hash(&stored.as_event_ref());
+                );
                 writer.push(&stored)?;
-                let location = IdLocation {
-                    position,
-                    revision,
-                    stream: stream.clone(),
-                };
-                batch.insert(&keys::id(&stored.id), keys::id_value(&location));
+                batch.insert(
+                    &keys::id(&stored.id),
+                    keys::id_value(position, revision, &stream),
+                );
                 prev_hash = stored.hash;
                 position += 1;
             }
@@ -597,35 +559,7 @@ impl SledLog {
     }
 
     fn publish_head(&self, position: u64) {
-        let _guard = lock(&self.head_lock);
-        self.durable.store(position, Ordering::Release);
-        self.head_changed.notify_all();
-    }
-}
-
-impl Overlay {
-    fn accept(
-        &mut self,
-        request: &AppendRequest,
-        first_revision: Revision,
-        first_position: u64,
-        claims: &[(String, Option<String>)],
-    ) {
-        let count = request.events.len() as u64;
-        for (offset, event) in request.events.iter().enumerate() {
-            let location = IdLocation {
-                position: first_position + offset as u64,
-                revision: first_revision + offset as u64,
-                stream: request.stream.clone(),
-            };
-            self.ids.insert(event.id, location);
-        }
-        self.heads
-            .insert(request.stream.clone(), first_revision + count - 1);
-        for (key, owner) in claims {
-            self.claims.insert(key.clone(), owner.clone());
-        }
-        self.next_position = first_position + count;
+        self.durable.publish(position);
     }
 }
 

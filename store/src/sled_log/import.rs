@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use uuid::Uuid;
 
-use super::keys::{self, IdLocation, StreamEntry};
+use super::keys::{self, StreamEntry};
 use super::{SledLog, engine, guarded, lock};
 use crate::batch::{BatchWriter, StoredEvent};
 use crate::error::{Error, Result};
@@ -243,11 +243,7 @@ impl Importer<'_> {
         self.time_run = Some((event.recorded_at.0, event.position.0));
         self.batch.insert(
             &keys::id(&event.id),
-            keys::id_value(&IdLocation {
-                position: event.position.0,
-                revision: event.revision,
-                stream: event.stream.clone(),
-            }),
+            keys::id_value(event.position.0, event.revision, &event.stream),
         );
         if !self.touched.contains(&event.stream) {
             self.touched.insert(event.stream.clone());
@@ -363,11 +359,7 @@ impl Importer<'_> {
             context: "syncing sled's blob files",
             source,
         })?;
-        {
-            let _guard = lock(&log.head_lock);
-            log.durable.store(last_position, Ordering::Release);
-            log.head_changed.notify_all();
-        }
+        log.durable.publish(last_position);
         {
             // Ids imported are found on disk from now on; the recent-id cache only promises
             // what was committed after the import.

@@ -58,30 +58,15 @@ pub(super) fn id(id: &Uuid) -> [u8; 17] {
     key
 }
 
-/// Where an event id is committed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct IdLocation {
-    pub position: u64,
-    pub revision: Revision,
-    pub stream: String,
-}
+/// Where an event id is committed (the store's shared form).
+pub(super) use crate::log::IdLocation;
 
-/// This entry as the backend-neutral [`crate::log::IdAt`].
-impl crate::log::AsIdAt for IdLocation {
-    fn at(&self) -> crate::log::IdAt<'_> {
-        crate::log::IdAt {
-            stream: &self.stream,
-            position: self.position,
-            revision: self.revision,
-        }
-    }
-}
-
-pub(super) fn id_value(location: &IdLocation) -> Vec<u8> {
-    let mut value = Vec::with_capacity(16 + location.stream.len());
-    value.extend_from_slice(&location.position.to_be_bytes());
-    value.extend_from_slice(&location.revision.to_be_bytes());
-    value.extend_from_slice(location.stream.as_bytes());
+/// The id index's value: where the event is (position, revision, stream).
+pub(super) fn id_value(position: u64, revision: Revision, stream: &str) -> Vec<u8> {
+    let mut value = Vec::with_capacity(16 + stream.len());
+    value.extend_from_slice(&position.to_be_bytes());
+    value.extend_from_slice(&revision.to_be_bytes());
+    value.extend_from_slice(stream.as_bytes());
     value
 }
 
@@ -96,7 +81,7 @@ pub(super) fn parse_id_value(id: &Uuid, value: &[u8]) -> Result<IdLocation> {
     Ok(IdLocation {
         position: be_u64(&value[0..8]),
         revision: be_u64(&value[8..16]),
-        stream: stream.to_owned(),
+        stream: std::sync::Arc::from(stream),
     })
 }
 

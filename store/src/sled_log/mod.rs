@@ -21,19 +21,18 @@ mod keys;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::fs::File;
-use std::ops::ControlFlow;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
 use crate::batch::{BatchView, needs_realign, realigned};
 use crate::error::{Error, Result};
-use crate::hash::{GENESIS_PREV_HASH, event_hash};
-use crate::log::{EventLog, PayloadValidator, Visitor};
+use crate::hash::GENESIS_PREV_HASH;
+use crate::log::{DurableHead, EventLog, PayloadValidator, VerifyWalk, Visitor, read_all_by_scan};
 use crate::submit::Submitted;
 use crate::types::{
     AppendRequest, AppendResult, Direction, Fence, Limits, Position, RecordedEvent,
@@ -124,9 +123,7 @@ pub struct SledLog {
     /// The last position written into sled (maybe not yet durable).
     applied: AtomicU64,
     /// The last durable position: the head every read stops at.
-    durable: AtomicU64,
-    head_changed: Condvar,
-    head_lock: Mutex<()>,
+    durable: DurableHead,
     /// When the durable head was last written to [`HEAD_RECORD_FILE`].
     head_recorded: Mutex<Instant>,
     commits: AtomicU64,
@@ -251,9 +248,7 @@ impl SledLog {
             options,
             queue: Mutex::new(Queue::default()),
             applied: AtomicU64::new(0),
-            durable: AtomicU64::new(0),
-            head_changed: Condvar::new(),
-            head_lock: Mutex::new(()),
+            durable: DurableHead::new(0),
             head_recorded: Mutex::new(Instant::now()),
             commits: AtomicU64::new(0),
             committed_events: AtomicU64::new(0),
@@ -420,7 +415,7 @@ impl SledLog {
         let head = state.last_position;
         drop(state);
         self.applied.store(head, Ordering::Release);
-        self.durable.store(head, Ordering::Release);
+        self.durable.publish(head);
         Ok(())
     }
 
@@ -505,7 +500,7 @@ impl SledLog {
     }
 
     fn durable_head(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
+        self.durable.get()
     }
 
     /// The batch holding `position`: its first position and value.
@@ -675,68 +670,26 @@ impl SledLog {
 
     fn verify_inner(&self, validate_payload: PayloadValidator<'_>) -> Result<VerifyReport> {
         let head = self.durable_head();
-        let mut expected = 1u64;
-        let mut prev_hash = GENESIS_PREV_HASH;
-        let mut last_recorded_at = i64::MIN;
-        let mut revisions: HashMap<String, Revision> = HashMap::new();
+        let mut walk = VerifyWalk::new(validate_payload);
         for item in self.db.range(keys::batch(0)..=keys::batch(head)) {
             let (key, value) = item.map_err(engine("reading the log"))?;
             let first = keys::batch_position(&key)?;
-            if first != expected {
+            if first != walk.next_position() {
                 return Err(Error::Corrupt {
-                    position: Position(expected),
+                    position: Position(walk.next_position()),
                     reason: format!("gap in the log: the next batch starts at {first}"),
                 });
             }
             with_view(&value, first, |view| {
                 for index in 0..view.len() {
                     let event = view.event(index)?;
-                    let position = event.position;
-                    let corrupt = |reason: String| Error::Corrupt { position, reason };
-                    if event.prev_hash != &prev_hash {
-                        return Err(corrupt("the previous hash does not match the chain".into()));
-                    }
-                    if event_hash(&event) != *event.hash {
-                        return Err(corrupt(
-                            "the event's hash does not match its content".into(),
-                        ));
-                    }
-                    let revision = revisions.entry(event.stream.to_owned()).or_insert(0);
-                    if event.revision != *revision + 1 {
-                        return Err(corrupt(format!(
-                            "stream {} jumps from revision {} to {}",
-                            event.stream, revision, event.revision
-                        )));
-                    }
-                    *revision = event.revision;
-                    if event.recorded_at.0 < last_recorded_at {
-                        return Err(corrupt("recorded_at goes backwards".into()));
-                    }
-                    last_recorded_at = event.recorded_at.0;
+                    walk.check(&event)?;
                     self.verify_id_index(&event)?;
-                    validate_payload(event.event_type, event.schema_version, event.payload)
-                        .map_err(|reason| {
-                            corrupt(format!(
-                                "payload of {} v{} does not decode: {reason}",
-                                event.event_type, event.schema_version
-                            ))
-                        })?;
-                    prev_hash = *event.hash;
-                    expected += 1;
                 }
                 Ok(())
             })?;
         }
-        if expected != head + 1 {
-            return Err(Error::Corrupt {
-                position: Position(expected),
-                reason: format!("the log ends at {} but its head is {head}", expected - 1),
-            });
-        }
-        Ok(VerifyReport {
-            events: head,
-            head_hash: prev_hash,
-        })
+        walk.finish(head)
     }
 
     /// Pair check: the event-id index points back at the event.
@@ -752,7 +705,7 @@ impl SledLog {
         let expected = IdLocation {
             position: event.position.0,
             revision: event.revision,
-            stream: event.stream.to_owned(),
+            stream: Arc::from(event.stream),
         };
         if location.as_ref() != Some(&expected) {
             return Err(Error::Corrupt {
@@ -836,22 +789,11 @@ impl EventLog for SledLog {
     }
 
     fn read_all(&self, after: Position, max_count: usize) -> Result<Vec<RecordedEvent>> {
-        let max_count = max_count.min(self.options.limits.read_events_max);
-        let mut events = Vec::with_capacity(max_count.min(1024));
-        if max_count == 0 {
-            return Ok(events);
-        }
-        guarded("reading the log", || {
-            self.visit_range(after.0, self.durable_head(), &mut |event| {
-                events.push(event.to_owned_event());
-                if events.len() >= max_count {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
+        read_all_by_scan(&self.options.limits, max_count, |visit| {
+            guarded("reading the log", || {
+                self.visit_range(after.0, self.durable_head(), visit)
             })
-        })?;
-        Ok(events)
+        })
     }
 
     fn scan(&self, after: Position, visit: Visitor<'_>) -> Result<Position> {
@@ -911,23 +853,7 @@ impl EventLog for SledLog {
     }
 
     fn wait_for(&self, position: Position, timeout: Duration) -> Result<Position> {
-        let deadline = Instant::now() + timeout;
-        let mut guard = lock(&self.head_lock);
-        loop {
-            let head = self.durable_head();
-            if head >= position.0 {
-                return Ok(Position(head));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(Position(head));
-            }
-            guard = self
-                .head_changed
-                .wait_timeout(guard, left)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
-        }
+        Ok(self.durable.wait_for(position, timeout))
     }
 
     fn stream_revision(&self, stream: &str) -> Result<Option<Revision>> {
