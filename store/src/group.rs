@@ -125,6 +125,71 @@ impl Committer {
     }
 }
 
+/// Takes the next group from the front of `queue`: requests in order until adding one would pass
+/// `events_max` events or `bytes_max` payload bytes (a larger single request still goes alone).
+pub(crate) fn take_group<T>(
+    queue: &mut std::collections::VecDeque<T>,
+    request: impl Fn(&T) -> &crate::types::AppendRequest,
+    events_max: usize,
+    bytes_max: usize,
+) -> Vec<T> {
+    let (mut events, mut bytes) = (0usize, 0usize);
+    let mut group = Vec::new();
+    while let Some(next) = queue.front() {
+        let next = request(next);
+        let next_events = next.events.len();
+        let next_bytes: usize = next.events.iter().map(|e| e.payload.len()).sum();
+        if !group.is_empty()
+            && (events + next_events > events_max || bytes + next_bytes > bytes_max)
+        {
+            break;
+        }
+        events += next_events;
+        bytes += next_bytes;
+        group.extend(queue.pop_front());
+    }
+    group
+}
+
+/// Decides each append of a group (`items`, whose requests `request` gives) in order with
+/// `decide`, against `overlay` holding the effects of those accepted before it (recorded here as
+/// each is accepted).
+pub(crate) fn decide_group<T>(
+    items: &[T],
+    request: impl Fn(&T) -> &crate::types::AppendRequest,
+    overlay: &mut crate::log::Overlay,
+    mut decide: impl FnMut(&crate::log::Overlay, &T) -> crate::log::AppendDecision,
+) -> Vec<crate::log::AppendDecision> {
+    items
+        .iter()
+        .map(|item| {
+            let decision = decide(overlay, item);
+            if let crate::log::AppendDecision::Accept {
+                first_revision,
+                first_position,
+                claims,
+                ..
+            } = &decision
+            {
+                overlay.accept(request(item), *first_revision, *first_position, claims);
+            }
+            decision
+        })
+        .collect()
+}
+
+/// Every request of a group of `count` refused as `Unavailable` for `reason` (a poisoned log).
+pub(crate) fn refuse_group(count: usize, reason: &str) -> Committed {
+    let results = (0..count)
+        .map(|_| {
+            Err(crate::error::Error::Unavailable {
+                reason: reason.to_owned(),
+            })
+        })
+        .collect();
+    (results, None)
+}
+
 /// What a group commit returns: each request's result, in order, and the time recorded with the
 /// events written (`None` if none were).
 pub(crate) type Committed = (Vec<Result<AppendResult>>, Option<i64>);

@@ -521,6 +521,48 @@ fn check_import_limits(limits: &Limits, event: &RecordedEvent, claims: &[Claim])
     Ok(())
 }
 
+/// Leadership terms kept in one process's memory: what an embedded backend (one process per
+/// log) fences appends with. A fenced append holds the read lock until it is decided, so a new
+/// term cannot begin in the middle of one.
+#[derive(Default)]
+pub struct LocalFences(std::sync::RwLock<std::collections::HashMap<String, u64>>);
+
+impl LocalFences {
+    /// Begins a new term of leadership `name` and returns its fence; appends fenced by an
+    /// earlier term fail with [`Error::Fenced`] from now on.
+    pub fn take(&self, name: &str) -> Fence {
+        let mut terms = self.0.write().unwrap_or_else(|p| p.into_inner());
+        let token = terms.get(name).map_or(1, |term| term + 1);
+        terms.insert(name.to_owned(), token);
+        Fence {
+            name: name.to_owned(),
+            token,
+        }
+    }
+
+    /// `append(request)` if `fence` is the current term of its leadership, holding the term
+    /// until it returns; otherwise [`Error::Fenced`], and nothing is appended.
+    pub fn append(
+        &self,
+        request: AppendRequest,
+        fence: &Fence,
+        append: impl FnOnce(AppendRequest) -> Result<AppendResult>,
+    ) -> Result<AppendResult> {
+        let terms = self.0.read().unwrap_or_else(|p| p.into_inner());
+        let current = terms.get(&fence.name).copied();
+        if current != Some(fence.token) {
+            return Err(Error::Fenced {
+                fence: fence.clone(),
+                current,
+                not_written: request.event_ids(),
+            });
+        }
+        let result = append(request);
+        drop(terms);
+        result
+    }
+}
+
 /// A backend's durable head: the last durable position, raised by its committer, and the
 /// condition [`EventLog::wait_for`] sleeps on. Shared by every backend so each publishes and
 /// waits alike.

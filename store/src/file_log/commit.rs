@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 // Fail points inject it only with the `failpoints` feature.
 #[cfg_attr(not(feature = "failpoints"), allow(unused_imports))]
 use crate::group::injected;
-use crate::group::{Committed, Slot, commit_and_answer};
+use crate::group::{Committed, Slot, commit_and_answer, decide_group, refuse_group, take_group};
 // How one request was decided: the same outcomes on every backend.
 use crate::log::AppendDecision as Decision;
 use crate::log::{IdLocation, Overlay, decide_append};
@@ -44,25 +44,14 @@ impl Inner {
         }
     }
 
-    /// The front of the queue, bounded by events and payload bytes (a larger single request
-    /// still goes alone).
+    /// The front of the queue, bounded by events and payload bytes.
     fn take_group(&self) -> Vec<Pending> {
-        let mut queue = lock(&self.queue);
-        let (mut events, mut bytes) = (0usize, 0usize);
-        let mut group = Vec::new();
-        while let Some(next) = queue.front() {
-            let next_events = next.request.events.len();
-            let next_bytes: usize = next.request.events.iter().map(|e| e.payload.len()).sum();
-            let full = events + next_events > self.options.group_commit_events_max
-                || bytes + next_bytes > self.options.group_commit_bytes_max;
-            if !group.is_empty() && full {
-                break;
-            }
-            events += next_events;
-            bytes += next_bytes;
-            group.extend(queue.pop_front());
-        }
-        group
+        take_group(
+            &mut lock(&self.queue),
+            |pending| &pending.request,
+            self.options.group_commit_events_max,
+            self.options.group_commit_bytes_max,
+        )
     }
 
     fn commit(&self, group: Vec<Pending>) {
@@ -82,33 +71,15 @@ impl Inner {
         let (decisions, accepted, first_position, prev_hash, recorded_at) = {
             let index = self.index();
             if let Some(reason) = &index.poisoned {
-                let refused = group
-                    .iter()
-                    .map(|_| {
-                        Err(Error::Unavailable {
-                            reason: reason.clone(),
-                        })
-                    })
-                    .collect();
-                return (refused, None);
+                return refuse_group(group.len(), reason);
             }
             let mut overlay = Overlay::at(index.last_position + 1);
-            let decisions: Vec<Decision> = group
-                .iter()
-                .map(|pending| {
-                    let decision = decide(&index, &overlay, &pending.request);
-                    if let Decision::Accept {
-                        first_revision,
-                        first_position,
-                        claims,
-                        ..
-                    } = &decision
-                    {
-                        overlay.accept(&pending.request, *first_revision, *first_position, claims);
-                    }
-                    decision
-                })
-                .collect();
+            let decisions = decide_group(
+                &group,
+                |pending| &pending.request,
+                &mut overlay,
+                |overlay, pending| decide(&index, overlay, &pending.request),
+            );
             let accepted = overlay.next_position - index.last_position - 1;
             let recorded_at = (self.options.clock)().0.max(index.last_recorded_at);
             (

@@ -49,8 +49,8 @@ use crate::error::{Error, Result};
 use crate::group::{Committer, Slot, SlotFuture};
 use crate::hash::GENESIS_PREV_HASH;
 use crate::log::{
-    DurableHead, EventLog, IdLocation, PayloadValidator, VerifyWalk, Visitor, check_request,
-    read_all_by_scan,
+    DurableHead, EventLog, IdLocation, LocalFences, PayloadValidator, VerifyWalk, Visitor,
+    check_request, read_all_by_scan,
 };
 use crate::sled_log::Clock;
 use crate::submit::{PendingAppend, Submitted};
@@ -133,7 +133,7 @@ struct Inner {
     durable: DurableHead,
     /// The current term of each leadership ([`FileLog::take_fence`]). A fenced append holds the
     /// read lock until its append is decided, so a new term cannot begin in the middle of one.
-    fences: RwLock<HashMap<String, u64>>,
+    fences: LocalFences,
     commits: AtomicU64,
 }
 
@@ -413,7 +413,7 @@ impl FileLog {
             queue: Mutex::new(VecDeque::new()),
             bell: Committer::default(),
             durable: DurableHead::new(head),
-            fences: RwLock::new(HashMap::new()),
+            fences: LocalFences::default(),
             commits: AtomicU64::new(0),
         });
         let committer = {
@@ -464,13 +464,7 @@ impl FileLog {
     /// fenced by an earlier term of `name` fail with [`Error::Fenced`] from now on. One process
     /// holds a file log (the file is locked), so its leader is whoever asks here.
     pub fn take_fence(&self, name: &str) -> Fence {
-        let mut fences = write(&self.inner.fences);
-        let token = fences.get(name).map_or(1, |term| term + 1);
-        fences.insert(name.to_owned(), token);
-        Fence {
-            name: name.to_owned(),
-            token,
-        }
+        self.inner.fences.take(name)
     }
 }
 
@@ -682,18 +676,9 @@ impl EventLog for FileLog {
     }
 
     fn append_fenced(&self, request: AppendRequest, fence: &Fence) -> Result<AppendResult> {
-        let fences = read(&self.inner.fences);
-        let current = fences.get(&fence.name).copied();
-        if current != Some(fence.token) {
-            return Err(Error::Fenced {
-                fence: fence.clone(),
-                current,
-                not_written: request.event_ids(),
-            });
-        }
-        let result = self.inner.append(request);
-        drop(fences);
-        result
+        self.inner
+            .fences
+            .append(request, fence, |request| self.inner.append(request))
     }
 
     fn submit(&self, request: AppendRequest) -> Submitted {
@@ -820,10 +805,6 @@ fn lock_file(file: &File, path: &Path) -> Result<()> {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {

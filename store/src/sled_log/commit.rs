@@ -38,7 +38,10 @@ use crate::log::AppendDecision as Decision;
 // Fail points inject it only with the `failpoints` feature.
 #[cfg_attr(not(feature = "failpoints"), allow(unused_imports))]
 use crate::group::injected;
-use crate::group::{Committed, Committer, Slot, SlotFuture, SlotState, commit_and_answer};
+use crate::group::{
+    Committed, Committer, Slot, SlotFuture, SlotState, commit_and_answer, decide_group,
+    refuse_group, take_group,
+};
 use crate::submit::{PendingAppend, Submitted};
 use crate::types::{AppendRequest, AppendResult, Revision, Timestamp};
 
@@ -205,25 +208,12 @@ impl SledLog {
 
     /// Commits one group from the front of the queue.
     fn lead_one(&self) {
-        let group = {
-            let mut queue = lock(&self.queue);
-            let mut events = 0usize;
-            let mut bytes = 0usize;
-            let mut group = Vec::new();
-            while let Some(next) = queue.pending.front() {
-                let next_events = next.request.events.len();
-                let next_bytes: usize = next.request.events.iter().map(|e| e.payload.len()).sum();
-                let full = events + next_events > self.options.group_commit_events_max
-                    || bytes + next_bytes > self.options.group_commit_bytes_max;
-                if !group.is_empty() && full {
-                    break;
-                }
-                events += next_events;
-                bytes += next_bytes;
-                group.extend(queue.pending.pop_front());
-            }
-            group
-        };
+        let group = take_group(
+            &mut lock(&self.queue).pending,
+            |pending| &pending.request,
+            self.options.group_commit_events_max,
+            self.options.group_commit_bytes_max,
+        );
         let slots: Vec<Arc<Slot>> = group
             .iter()
             .map(|pending| Arc::clone(&pending.slot))
@@ -243,34 +233,15 @@ impl SledLog {
     fn commit_group(&self, group: Vec<Pending>) -> Committed {
         let mut state = lock(&self.state);
         if let Some(reason) = &state.poisoned {
-            let reason = reason.clone();
-            let results = group
-                .iter()
-                .map(|_| {
-                    Err(Error::Unavailable {
-                        reason: reason.clone(),
-                    })
-                })
-                .collect();
-            return (results, None);
+            return refuse_group(group.len(), reason);
         }
         let mut overlay = Overlay::at(state.last_position + 1);
-        let decisions: Vec<Decision> = group
-            .iter()
-            .map(|pending| {
-                let decision = self.decide(&state, &overlay, pending);
-                if let Decision::Accept {
-                    first_revision,
-                    first_position,
-                    claims,
-                    ..
-                } = &decision
-                {
-                    overlay.accept(&pending.request, *first_revision, *first_position, claims);
-                }
-                decision
-            })
-            .collect();
+        let decisions = decide_group(
+            &group,
+            |pending| &pending.request,
+            &mut overlay,
+            |overlay, pending| self.decide(&state, overlay, pending),
+        );
         let accepted_events = (overlay.next_position - state.last_position - 1) as usize;
         if accepted_events == 0 {
             drop(state);

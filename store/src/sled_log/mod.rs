@@ -24,7 +24,7 @@ use std::fs::File;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -32,7 +32,9 @@ use uuid::Uuid;
 use crate::batch::{BatchView, needs_realign, realigned};
 use crate::error::{Error, Result};
 use crate::hash::GENESIS_PREV_HASH;
-use crate::log::{DurableHead, EventLog, PayloadValidator, VerifyWalk, Visitor, read_all_by_scan};
+use crate::log::{
+    DurableHead, EventLog, LocalFences, PayloadValidator, VerifyWalk, Visitor, read_all_by_scan,
+};
 use crate::submit::Submitted;
 use crate::types::{
     AppendRequest, AppendResult, Direction, Fence, Limits, Position, RecordedEvent,
@@ -130,7 +132,7 @@ pub struct SledLog {
     committed_events: AtomicU64,
     /// The current term of each leadership ([`SledLog::take_fence`]). A fenced append holds the
     /// read lock across its commit, so a new term cannot begin in the middle of one.
-    fences: RwLock<HashMap<String, u64>>,
+    fences: LocalFences,
     /// The thread that commits submitted appends ([`SledLog::start_committer`]), once started.
     committer: OnceLock<Arc<crate::group::Committer>>,
 }
@@ -252,7 +254,7 @@ impl SledLog {
             head_recorded: Mutex::new(Instant::now()),
             commits: AtomicU64::new(0),
             committed_events: AtomicU64::new(0),
-            fences: RwLock::new(HashMap::new()),
+            fences: LocalFences::default(),
             committer: OnceLock::new(),
         };
         guarded("loading the log", || log.initialize_or_load())?;
@@ -738,13 +740,7 @@ impl SledLog {
     /// fenced by an earlier term of `name` fail with [`Error::Fenced`] from now on. One process
     /// holds a sled log (sled locks its directory), so its leader is whoever asks here.
     pub fn take_fence(&self, name: &str) -> Fence {
-        let mut fences = self.fences.write().unwrap_or_else(PoisonError::into_inner);
-        let token = fences.get(name).map_or(1, |term| term + 1);
-        fences.insert(name.to_owned(), token);
-        Fence {
-            name: name.to_owned(),
-            token,
-        }
+        self.fences.take(name)
     }
 }
 
@@ -762,18 +758,8 @@ impl EventLog for SledLog {
     }
 
     fn append_fenced(&self, request: AppendRequest, fence: &Fence) -> Result<AppendResult> {
-        let fences = self.fences.read().unwrap_or_else(PoisonError::into_inner);
-        let current = fences.get(&fence.name).copied();
-        if current != Some(fence.token) {
-            return Err(Error::Fenced {
-                fence: fence.clone(),
-                current,
-                not_written: request.event_ids(),
-            });
-        }
-        let result = self.append_grouped(request);
-        drop(fences);
-        result
+        self.fences
+            .append(request, fence, |request| self.append_grouped(request))
     }
 
     fn read_stream(
