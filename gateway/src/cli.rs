@@ -468,7 +468,7 @@ pub enum AdminCommand {
     /// Offline: build a NEW data directory from a backup (refuses an existing one, one another
     /// restore is building, or a damaged backup).
     #[command(
-        after_help = "Examples:\n  vmplane admin restore --from cp1.backup --data ./restored\n  vmplane admin restore --from cp1.backup --data ./before-the-mistake --to-time 2026-11-22T14:05:00Z\n  vmplane admin restore --from cp1.backup --data ./at-1200 --to-position 1200\nThen serve it: vmplane serve --data ./restored"
+        after_help = "Examples:\n  vmplane admin restore --from cp1.backup --data ./restored\n  vmplane admin restore --from cp1.backup --data ./before-the-mistake --to-time 2026-11-22T14:05:00Z\n  vmplane admin restore --from cp1.backup --data ./at-1200 --to-position 1200\n  vmplane admin restore --from cp1.backup --data ./as-file --backend file\nThen serve it with the same backend: vmplane serve --data ./restored (or --data ./as-file --backend file)"
     )]
     Restore {
         /// The backup file.
