@@ -71,6 +71,7 @@ pub mod error;
 pub mod file_log;
 mod group;
 pub mod hash;
+pub mod head_record;
 pub mod log;
 pub mod sled_log;
 pub mod submit;

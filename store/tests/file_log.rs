@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use vmplane_store::file_log::LOG_FILE;
+use vmplane_store::head_record::HEAD_RECORD_FILE;
 use vmplane_store::{
     AppendRequest, Error, EventLog, ExpectedRevision, FileLog, Position, ProposedEvent,
 };
@@ -51,10 +52,14 @@ fn a_torn_last_record_is_cut_off_at_open_and_the_log_goes_on() {
     append(&log, "vm/b", 1);
     drop(log);
     let whole = file_len(dir.path());
+    // The head record as a crash during the next commit would leave it (the close below
+    // records the third commit too).
+    let recorded = std::fs::read(dir.path().join(HEAD_RECORD_FILE)).expect("head record");
     let log = FileLog::open(dir.path()).expect("reopen");
     append(&log, "vm/a", 3);
     drop(log);
     let with_third = file_len(dir.path());
+    std::fs::write(dir.path().join(HEAD_RECORD_FILE), &recorded).expect("head record");
     // The third commit's record, half written.
     let torn = (with_third - whole) / 2;
     let file = std::fs::OpenOptions::new()
@@ -83,6 +88,41 @@ fn a_torn_last_record_is_cut_off_at_open_and_the_log_goes_on() {
     let log = FileLog::open(dir.path()).expect("reopen after the cut");
     assert_eq!(log.open_report().torn_tail_bytes, 0);
     assert_eq!(log.verify(&accept_all).expect("verify").events, 4);
+}
+
+#[test]
+fn a_last_record_the_head_record_says_was_committed_is_never_cut() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 2);
+    let first_end = file_len(dir.path());
+    append(&log, "vm/a", 2);
+    // A clean close records the head (position 4).
+    drop(log);
+    let len = file_len(dir.path());
+    // The last record damaged, or the file cut short: either looks like a torn write.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(LOG_FILE))
+        .expect("log file");
+    file.set_len(first_end + (len - first_end) / 2)
+        .expect("cut");
+    drop(file);
+    let cut = file_len(dir.path());
+    match FileLog::open(dir.path()) {
+        Err(Error::Damaged { reason }) => {
+            assert!(
+                reason.contains("ends at position 2, but position 4 was committed"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected Damaged, got {other:?}"),
+    }
+    assert_eq!(
+        file_len(dir.path()),
+        cut,
+        "nothing is cut when the head says otherwise"
+    );
 }
 
 #[test]

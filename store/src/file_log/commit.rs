@@ -177,6 +177,10 @@ impl Inner {
             // Under the index's lock: a reader that sees the new indexes sees the new head.
             self.durable.publish(last_position);
         }
+        if sync {
+            self.head_record
+                .refresh(|| Some((last_position, self.index().last_hash)));
+        }
         Ok(())
     }
 }

@@ -89,6 +89,14 @@ impl FileImporter<'_> {
         }
         self.write_pending()?;
         self.log.inner.sync()?;
+        self.log
+            .inner
+            .head_record
+            .write(self.last_position, self.last_hash)
+            .map_err(|source| Error::Io {
+                context: "recording the head after an import",
+                source,
+            })?;
         Ok(ImportReport {
             events: self.imported,
             head: Position(self.last_position),

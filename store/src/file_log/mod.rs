@@ -48,6 +48,7 @@ use crate::batch::BatchView;
 use crate::error::{Error, Result};
 use crate::group::{Committer, Slot, SlotFuture};
 use crate::hash::GENESIS_PREV_HASH;
+use crate::head_record::HeadRecord;
 use crate::log::{
     DurableHead, EventLog, IdLocation, LocalFences, PayloadValidator, VerifyWalk, Visitor,
     check_request, read_all_by_scan,
@@ -131,6 +132,8 @@ struct Inner {
     bell: Committer,
     /// The last durable position: the head every read stops at.
     durable: DurableHead,
+    /// A recent durable head, so a log that lost acknowledged records is an error at open.
+    head_record: HeadRecord,
     /// The current term of each leadership ([`FileLog::take_fence`]). A fenced append holds the
     /// read lock until its append is decided, so a new term cannot begin in the middle of one.
     fences: LocalFences,
@@ -396,8 +399,25 @@ impl FileLog {
                 .map_err(io("syncing the log's directory"))?;
         }
         let mut index = Index::empty();
-        let opened = record::load(&file, &mut index)?;
-        if opened.torn_tail_bytes > 0 {
+        let (opened, torn) = record::load(&file, &mut index)?;
+        // Before anything is cut: a record the head record says was committed is never taken
+        // for a torn write.
+        let head_record = HeadRecord::new(dir);
+        head_record.check(index.last_position, |position| {
+            let Some(at) = index.record_of(position) else {
+                return Ok(None);
+            };
+            let record = index.records[at];
+            let body = record::read_body(&file, &record)?;
+            let view = record::view(&body, &record)?;
+            Ok(Some(
+                *view
+                    .event((position - record.first_position) as usize)?
+                    .hash,
+            ))
+        })?;
+        if let Some(torn) = &torn {
+            record::cut_tail(&file, torn, opened.torn_tail_bytes)?;
             tracing::warn!(
                 path = %path.display(),
                 bytes = opened.torn_tail_bytes,
@@ -413,6 +433,7 @@ impl FileLog {
             queue: Mutex::new(VecDeque::new()),
             bell: Committer::default(),
             durable: DurableHead::new(head),
+            head_record,
             fences: LocalFences::default(),
             commits: AtomicU64::new(0),
         });
@@ -475,6 +496,17 @@ impl Drop for FileLog {
         self.inner.bell.close();
         if let Some(thread) = self.committer.take() {
             let _ = thread.join();
+        }
+        let (position, hash, poisoned) = {
+            let index = self.inner.index();
+            (
+                index.last_position,
+                index.last_hash,
+                index.poisoned.is_some(),
+            )
+        };
+        if !poisoned && let Err(err) = self.inner.head_record.write(position, hash) {
+            tracing::warn!(%err, "could not record the head at close");
         }
     }
 }

@@ -168,9 +168,16 @@ pub(super) fn read_body(file: &File, record: &RecordAt) -> Result<AlignedVec<16>
     Ok(body)
 }
 
+/// A torn last record found at open: where it starts, and why it is one.
+pub(super) struct Torn {
+    pub offset: u64,
+    pub reason: &'static str,
+}
+
 /// Reads the whole file into `index`: checks the header, every record's frame and CRC, every
-/// event (position, chain, stream revisions), and cuts off a torn last record.
-pub(super) fn load(file: &File, index: &mut Index) -> Result<OpenReport> {
+/// event (position, chain, stream revisions). A torn last record is reported, not yet cut: the
+/// caller checks the head record first ([`cut_tail`]).
+pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option<Torn>)> {
     let io = |context: &'static str| move |source| Error::Io { context, source };
     let file_len = file
         .metadata()
@@ -199,13 +206,15 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<OpenReport> {
     while offset < file_len {
         let next = index.last_position + 1;
         let left = file_len - offset;
-        let torn = |reason: &str| -> Result<OpenReport> {
-            cut_tail(file, offset, left, reason)?;
-            Ok(OpenReport {
-                events: index.last_position,
-                records,
-                torn_tail_bytes: left,
-            })
+        let torn = |reason: &'static str| -> Result<(OpenReport, Option<Torn>)> {
+            Ok((
+                OpenReport {
+                    events: index.last_position,
+                    records,
+                    torn_tail_bytes: left,
+                },
+                Some(Torn { offset, reason }),
+            ))
         };
         if left < FRAME_BYTES as u64 {
             return torn("a short frame");
@@ -266,11 +275,14 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<OpenReport> {
         offset = index.end_offset;
         records += 1;
     }
-    Ok(OpenReport {
-        events: index.last_position,
-        records,
-        torn_tail_bytes: 0,
-    })
+    Ok((
+        OpenReport {
+            events: index.last_position,
+            records,
+            torn_tail_bytes: 0,
+        },
+        None,
+    ))
 }
 
 /// Whether every byte from `offset` to `end` is zero (what a file extended but never written
@@ -293,8 +305,9 @@ fn zeros_to_end(file: &File, offset: u64, end: u64) -> Result<bool> {
     Ok(true)
 }
 
-/// Cuts the file at `offset`, durably.
-fn cut_tail(file: &File, offset: u64, bytes: u64, reason: &str) -> Result<()> {
+/// Cuts the file at the torn record, durably.
+pub(super) fn cut_tail(file: &File, torn: &Torn, bytes: u64) -> Result<()> {
+    let (offset, reason) = (torn.offset, torn.reason);
     tracing::warn!(offset, bytes, reason, "the log file ends in a torn record");
     file.set_len(offset)
         .and_then(|()| file.sync_all())

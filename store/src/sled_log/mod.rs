@@ -32,6 +32,7 @@ use uuid::Uuid;
 use crate::batch::{BatchView, needs_realign, realigned};
 use crate::error::{Error, Result};
 use crate::hash::GENESIS_PREV_HASH;
+use crate::head_record::HeadRecord;
 use crate::log::{
     DurableHead, EventLog, LocalFences, PayloadValidator, VerifyWalk, Visitor, read_all_by_scan,
 };
@@ -126,8 +127,9 @@ pub struct SledLog {
     applied: AtomicU64,
     /// The last durable position: the head every read stops at.
     durable: DurableHead,
-    /// When the durable head was last written to [`HEAD_RECORD_FILE`].
-    head_recorded: Mutex<Instant>,
+    /// sled 0.34 recovers a damaged file by silently dropping everything after the damage;
+    /// comparing with this record at open turns that into an error instead of a shorter log.
+    head_record: HeadRecord,
     commits: AtomicU64,
     committed_events: AtomicU64,
     /// The current term of each leadership ([`SledLog::take_fence`]). A fenced append holds the
@@ -145,14 +147,6 @@ pub struct CommitStats {
     /// Events they made durable.
     pub events: u64,
 }
-
-/// A file beside sled's, holding a recent durable head and its hash. sled 0.34 recovers a damaged
-/// file by silently dropping everything after the damage; comparing with this record at open
-/// turns that into an error instead of a shorter log.
-const HEAD_RECORD_FILE: &str = "vmplane-head";
-
-/// How often a commit refreshes [`HEAD_RECORD_FILE`] (and always at a clean close).
-const HEAD_RECORD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What validation needs, kept in memory so the hot path reads no disk.
 struct State {
@@ -212,6 +206,7 @@ impl SledLog {
     /// [`Error::Corrupt`], never a panic.
     pub fn open_with(dir: impl AsRef<Path>, options: SledOptions) -> Result<SledLog> {
         let dir = dir.as_ref().to_path_buf();
+        let head_record = HeadRecord::new(&dir);
         std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
             context: "creating the log directory",
             source,
@@ -251,7 +246,7 @@ impl SledLog {
             queue: Mutex::new(Queue::default()),
             applied: AtomicU64::new(0),
             durable: DurableHead::new(0),
-            head_recorded: Mutex::new(Instant::now()),
+            head_record,
             commits: AtomicU64::new(0),
             committed_events: AtomicU64::new(0),
             fences: LocalFences::default(),
@@ -423,82 +418,31 @@ impl SledLog {
 
     /// Fails if the log is shorter than a head it once made durable, or differs there.
     fn check_head_record(&self) -> Result<()> {
-        let path = self.dir.join(HEAD_RECORD_FILE);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(source) => {
-                return Err(Error::Io {
-                    context: "reading the head record",
-                    source,
-                });
-            }
-        };
-        let malformed = || Error::Damaged {
-            reason: format!("{} is malformed", path.display()),
-        };
-        let mut lines = text.lines();
-        if lines.next() != Some("vmplane-head v1") {
-            return Err(malformed());
-        }
-        let position: u64 = lines
-            .next()
-            .and_then(|l| l.parse().ok())
-            .ok_or_else(malformed)?;
-        let hash = lines
-            .next()
-            .and_then(|l| hex::decode(l).ok())
-            .ok_or_else(malformed)?;
-        let head = self.durable_head();
-        if position > head {
-            return Err(Error::Damaged {
-                reason: format!(
-                    "the log ends at position {head}, but position {position} was committed: \
-                     the storage engine dropped the log's tail (damaged files?)"
-                ),
-            });
-        }
-        if position > 0 {
-            let event = self.read_event(Position(position))?;
-            if event.is_none_or(|event| event.hash[..] != hash[..]) {
-                return Err(Error::Corrupt {
-                    position: Position(position),
-                    reason: "the event's hash differs from the one recorded when it was committed"
-                        .into(),
-                });
-            }
-        }
-        Ok(())
+        self.head_record.check(self.durable_head(), |position| {
+            Ok(self.read_event(Position(position))?.map(|event| event.hash))
+        })
     }
 
-    /// Writes the durable head to [`HEAD_RECORD_FILE`] (write, sync, rename, sync the directory).
+    /// Writes the durable head to the head record.
     fn record_head(&self) -> std::io::Result<()> {
+        match self.durable_state() {
+            Some((position, hash)) => self.head_record.write(position, hash),
+            None => Ok(()),
+        }
+    }
+
+    /// The last position and its hash, if durable.
+    fn durable_state(&self) -> Option<(u64, [u8; 32])> {
         let (position, hash) = {
             let state = lock(&self.state);
             (state.last_position, state.last_hash)
         };
-        if position > self.durable_head() {
-            return Ok(());
-        }
-        let text = format!("vmplane-head v1\n{position}\n{}\n", hex::encode(hash));
-        let temp = self.dir.join(format!("{HEAD_RECORD_FILE}.tmp"));
-        let mut file = File::create(&temp)?;
-        std::io::Write::write_all(&mut file, text.as_bytes())?;
-        file.sync_data()?;
-        std::fs::rename(&temp, self.dir.join(HEAD_RECORD_FILE))?;
-        File::open(&self.dir)?.sync_all()
+        (position <= self.durable_head()).then_some((position, hash))
     }
 
-    /// Refreshes the head record if it is older than [`HEAD_RECORD_INTERVAL`].
+    /// Refreshes the head record if it is older than [`HeadRecord::INTERVAL`].
     fn maybe_record_head(&self) {
-        let mut recorded = lock(&self.head_recorded);
-        if recorded.elapsed() < HEAD_RECORD_INTERVAL {
-            return;
-        }
-        *recorded = Instant::now();
-        if let Err(err) = self.record_head() {
-            tracing::warn!(%err, "could not refresh the head record");
-        }
+        self.head_record.refresh(|| self.durable_state());
     }
 
     fn durable_head(&self) -> u64 {
