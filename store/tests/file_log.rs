@@ -40,6 +40,15 @@ fn file_len(dir: &Path) -> u64 {
         .len()
 }
 
+/// The log file, opened to read and write it behind the log's back.
+fn open_log_file(dir: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join(LOG_FILE))
+        .expect("log file")
+}
+
 fn accept_all(_: &str, _: u16, _: &[u8]) -> Result<(), String> {
     Ok(())
 }
@@ -62,10 +71,7 @@ fn a_torn_last_record_is_cut_off_at_open_and_the_log_goes_on() {
     std::fs::write(dir.path().join(HEAD_RECORD_FILE), &recorded).expect("head record");
     // The third commit's record, half written.
     let torn = (with_third - whole) / 2;
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.path().join(LOG_FILE))
-        .expect("log file");
+    let file = open_log_file(dir.path());
     file.set_len(whole + torn).expect("tear the last record");
     drop(file);
 
@@ -101,10 +107,7 @@ fn a_last_record_the_head_record_says_was_committed_is_never_cut() {
     drop(log);
     let len = file_len(dir.path());
     // The last record damaged, or the file cut short: either looks like a torn write.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.path().join(LOG_FILE))
-        .expect("log file");
+    let file = open_log_file(dir.path());
     file.set_len(first_end + (len - first_end) / 2)
         .expect("cut");
     drop(file);
@@ -133,10 +136,7 @@ fn a_zero_filled_tail_is_cut_off_at_open() {
     drop(log);
     let whole = file_len(dir.path());
     // What a file extended but never written can hold after a power loss.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(dir.path().join(LOG_FILE))
-        .expect("log file");
+    let file = open_log_file(dir.path());
     file.set_len(whole + 4096).expect("extend");
     drop(file);
     let log = FileLog::open(dir.path()).expect("open");
@@ -157,11 +157,7 @@ fn damage_before_the_last_record_is_refused_naming_its_position_and_changes_noth
     drop(log);
     let len = file_len(dir.path());
     // One byte flipped in the middle of the second record (positions 2 and 3).
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.path().join(LOG_FILE))
-        .expect("log file");
+    let file = open_log_file(dir.path());
     let at = (first_end + second_end) / 2;
     let mut byte = [0u8];
     file.read_exact_at(&mut byte, at).expect("read");
@@ -186,11 +182,7 @@ fn verify_checks_the_stored_bytes_not_the_records_in_memory() {
     append(&log, "vm/a", 1);
     log.verify(&accept_all).expect("intact");
     let len = file_len(dir.path());
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.path().join(LOG_FILE))
-        .expect("log file");
+    let file = open_log_file(dir.path());
     // The last byte belongs to the second record's last event.
     let mut byte = [0u8];
     file.read_exact_at(&mut byte, len - 1).expect("read");
