@@ -251,6 +251,10 @@ impl StateCache {
     ) {
         let every = self.options.snapshot_every_revisions;
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        // A put is a use: without its own tick, streams only ever put (each create's) would
+        // share one, and eviction, which drops every stream used at or before its threshold,
+        // would drop them all at once.
+        inner.tick += 1;
         let tick = inner.tick;
         // Looked up first: the stream is usually cached already, and `entry` takes an owned key.
         if !inner.streams.contains_key(stream) {
@@ -270,6 +274,7 @@ impl StateCache {
         let Some(cached) = inner.streams.get_mut(stream) else {
             return;
         };
+        cached.used = tick;
         if cached.kind != kind {
             cached.kind = kind;
             cached.snapshots.clear();
@@ -413,18 +418,94 @@ impl Kept {
     }
 }
 
-/// Drops the least recently used streams down to 7/8 of `max`, so eviction runs rarely.
+/// Streams dropped per eviction past the bound, at least: 1/64 of it, so that one eviction
+/// (a pass over every cached stream) serves many inserts, and what it frees at once stays
+/// small (freeing a few thousand folded states in one go stalled a request by ~20 ms).
+const EVICT_FRACTION: usize = 64;
+
+/// Drops the least recently used streams down to `max - max / 64` (every stream's `used` tick
+/// is distinct: each use takes a new one).
 fn evict(streams: &mut HashMap<String, CachedStream>, max: usize) -> Vec<CachedStream> {
-    let keep = max - max / 8;
-    let mut used: Vec<u64> = streams.values().map(|c| c.used).collect();
-    used.sort_unstable();
+    let keep = max - max / EVICT_FRACTION;
     let drop = streams.len().saturating_sub(keep);
     if drop == 0 {
         return Vec::new();
     }
-    let threshold = used[drop - 1];
+    let mut used: Vec<u64> = streams.values().map(|c| c.used).collect();
+    let (_, &mut threshold, _) = used.select_nth_unstable(drop - 1);
     streams
         .extract_if(|_, c| c.used <= threshold)
         .map(|(_, c)| c)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(streams_max: usize) -> CacheOptions {
+        CacheOptions {
+            streams_max,
+            ..CacheOptions::default()
+        }
+    }
+
+    #[test]
+    fn streams_only_put_are_evicted_oldest_first_not_all_at_once() {
+        let cache = StateCache::new(options(640));
+        for i in 0..=640 {
+            let stream = format!("vm/ns/vm-{i}");
+            cache.put(
+                &stream,
+                Kind::VirtualMachine,
+                Arc::new(Snapshot::empty(Kind::VirtualMachine)),
+            );
+        }
+        // One past the bound: the 11 least recently put go (640 / 64 = 10 below the bound).
+        assert_eq!(cache.streams(), 630);
+        assert!(
+            cache
+                .cached("vm/ns/vm-0", Kind::VirtualMachine, 0)
+                .is_none()
+        );
+        assert!(
+            cache
+                .cached("vm/ns/vm-10", Kind::VirtualMachine, 0)
+                .is_none()
+        );
+        for i in 11..=640 {
+            let stream = format!("vm/ns/vm-{i}");
+            assert!(
+                cache.cached(&stream, Kind::VirtualMachine, 0).is_some(),
+                "{stream} was dropped"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stream_put_again_counts_as_recently_used() {
+        let cache = StateCache::new(options(64));
+        let empty = || Arc::new(Snapshot::empty(Kind::VirtualMachine));
+        for i in 0..64 {
+            cache.put(&format!("vm/ns/vm-{i}"), Kind::VirtualMachine, empty());
+        }
+        // The oldest is put again, then one more stream passes the bound.
+        cache.put("vm/ns/vm-0", Kind::VirtualMachine, empty());
+        cache.put("vm/ns/vm-new", Kind::VirtualMachine, empty());
+        assert!(
+            cache
+                .cached("vm/ns/vm-0", Kind::VirtualMachine, 0)
+                .is_some()
+        );
+        assert!(
+            cache
+                .cached("vm/ns/vm-1", Kind::VirtualMachine, 0)
+                .is_none()
+        );
+        assert!(
+            cache
+                .cached("vm/ns/vm-new", Kind::VirtualMachine, 0)
+                .is_some()
+        );
+    }
 }
