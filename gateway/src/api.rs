@@ -19,6 +19,7 @@ use vmplane_core::{ObjectCommand, Rejection, VmCommand, VmiCommand};
 use vmplane_projections::command::{
     AsyncExecuted, Command, CommandError, CommandHandler, CommandMeta, Executed,
 };
+use vmplane_projections::render::ObjectJson;
 use vmplane_projections::watch::WatchFilter;
 use vmplane_projections::{At, ObjectView, Projections, Snapshot};
 use vmplane_store::{EventLog, Position, Timestamp};
@@ -290,7 +291,7 @@ pub fn manifest_name(doc: &serde_json::Value, namespace: &str) -> Option<String>
     })
 }
 
-fn to_pb(view: vmplane_projections::render::ObjectJson) -> pb::Object {
+fn to_pb(view: ObjectJson) -> pb::Object {
     pb::Object {
         kind: view.kind.as_str().to_string(),
         namespace: view.namespace.unwrap_or_default(),
@@ -425,24 +426,26 @@ impl<'a> Written<'a> {
     ) -> Result<Response<pb::ApplyResponse>, Status> {
         let view = match after {
             Some(after) => projections.render_written(after, self.kind, self.namespace, self.name),
-            None => projections.get_at(
-                self.kind,
-                self.namespace,
-                self.name,
-                At::Position(self.done.position),
-            ),
+            None => projections
+                .get_at(
+                    self.kind,
+                    self.namespace,
+                    self.name,
+                    At::Position(self.done.position),
+                )
+                .map(|view| view.map(ObjectView::into_json)),
         }
         .map_err(|e| from_projection(self.object, e))?;
         self.respond(view)
     }
 
     /// The answer with `view` as the written object.
-    fn respond(&self, view: Option<ObjectView>) -> Result<Response<pb::ApplyResponse>, Status> {
+    fn respond(&self, view: Option<ObjectJson>) -> Result<Response<pb::ApplyResponse>, Status> {
         let object = self.object;
         let view =
             view.ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
         Ok(Response::new(pb::ApplyResponse {
-            object: Some(to_pb(view.into_json())),
+            object: Some(to_pb(view)),
             outcome: self.done.outcome.as_str().to_string(),
             position: self.done.position.0,
         }))

@@ -984,10 +984,12 @@ fn decide_on_kind(
     }
 }
 
-/// Now, and 32 random bytes from the operating system: the only place they enter a decision.
+/// Now, and 32 random bytes: the only place they enter a decision. From the thread's
+/// cryptographically secure generator (ChaCha, seeded and periodically reseeded from the
+/// operating system), not a system call per command.
 fn fresh_ctx() -> Ctx {
     let mut seed = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut seed);
+    rand::thread_rng().fill_bytes(&mut seed);
     Ctx::new(chrono::Utc::now(), seed)
 }
 

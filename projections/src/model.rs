@@ -196,6 +196,12 @@ struct VmJsonEntry {
 }
 
 impl VmJson {
+    /// Whether the memo was made (by a read that needed it).
+    #[cfg(test)]
+    pub(crate) fn filled(&self) -> bool {
+        self.0.get().is_some()
+    }
+
     /// The memo, made from `state` if it is the first use; `None` if no VM object is stored.
     fn entry(&self, state: &VmState) -> Option<&VmJsonEntry> {
         let vm = state.vm.as_ref()?;

@@ -20,7 +20,7 @@ use crate::checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{AggState, Snapshot, stream_of};
 use crate::readmodel::{ModelData, NameKey, ReadModel};
-use crate::render::{ObjectJson, ObjectView, render, render_json};
+use crate::render::{ObjectJson, ObjectView, render, render_json, render_once_json};
 
 /// The checkpoint name of the current-state read model.
 pub const READ_MODEL: &str = "readmodel";
@@ -615,16 +615,18 @@ impl Projections {
         kind: Kind,
         namespace: &str,
         name: &str,
-    ) -> Result<Option<ObjectView>> {
+    ) -> Result<Option<ObjectJson>> {
         if matches!(kind, Kind::VirtualMachineInstance | Kind::KubeVirt) {
-            return self.get_at(kind, namespace, name, At::Position(snapshot.position));
+            return Ok(self
+                .get_at(kind, namespace, name, At::Position(snapshot.position))?
+                .map(ObjectView::into_json));
         }
         // The cluster config in force at the write's position must be folded in already.
         if self.position() < snapshot.position {
             self.catch_up()?;
         }
         let features = self.features_at(Some(snapshot.position))?;
-        Ok(render(
+        Ok(render_once_json(
             snapshot,
             kind,
             &features,
@@ -643,12 +645,12 @@ impl Projections {
         &self,
         snapshot: &Snapshot,
         kind: Kind,
-    ) -> Option<Option<ObjectView>> {
+    ) -> Option<Option<ObjectJson>> {
         if matches!(kind, Kind::VirtualMachineInstance | Kind::KubeVirt) {
             return None;
         }
         let features = self.features_in_memory(snapshot.position)?;
-        Some(render(
+        Some(render_once_json(
             snapshot,
             kind,
             &features,

@@ -108,6 +108,69 @@ pub fn render_json(
     render(snapshot, kind, features, now_ms).map(ObjectView::into_json)
 }
 
+/// [`render`] as JSON text for an object rendered once, a write's answer: exactly
+/// `render(..).object.to_string()` with the same metadata. A VM is serialized straight from
+/// its typed object, with no JSON tree and without filling the snapshot's memo (which a state
+/// read once would only carry until the cache drops it); other kinds, and a VM whose text the
+/// typed object does not give as it is (see [`render_vm_direct`]), through [`render`].
+#[must_use]
+pub fn render_once_json(
+    snapshot: &Snapshot,
+    kind: Kind,
+    features: &Features,
+    now_ms: i64,
+) -> Option<ObjectJson> {
+    if let (AggState::Vm(s), Kind::VirtualMachine) = (&snapshot.state, kind)
+        && let Some(rendered) = render_vm_direct(snapshot, s, features, now_ms)
+    {
+        return rendered;
+    }
+    render(snapshot, kind, features, now_ms).map(ObjectView::into_json)
+}
+
+/// A VM serialized from its typed object: `Some(answer)`, or `None` when that would not give
+/// the tree's text — the tree appends `resourceVersion` and `creationTimestamp` to `metadata`
+/// and the firmware identity to `domain.firmware` only where the stored object lacks them, so
+/// a stored object holding any of the first two, or lacking the firmware identity its state
+/// has (written before it was stored in the spec), takes the tree.
+fn render_vm_direct(
+    snapshot: &Snapshot,
+    s: &VmState,
+    features: &Features,
+    now_ms: i64,
+) -> Option<Option<ObjectJson>> {
+    let Some(status) = lifecycle::render_status(s, features, now_ms) else {
+        return Some(None);
+    };
+    let mut vm = lifecycle::render_object(s)?;
+    let meta = &vm.metadata;
+    if meta.resource_version.is_some()
+        || meta.extra.contains_key("resourceVersion")
+        || meta.extra.contains_key("creationTimestamp")
+    {
+        return None;
+    }
+    if let Some(fw) = &s.firmware {
+        let stored = vm.firmware()?;
+        if stored.uuid.is_none() || (fw.serial.is_some() && stored.serial.is_none()) {
+            return None;
+        }
+    }
+    vm.status = Some(status);
+    // Last in `metadata` (its flattened map of other fields is serialized last), where the
+    // tree's inserts put them.
+    let extra = &mut vm.metadata.extra;
+    extra.insert(
+        "resourceVersion".into(),
+        Value::String(snapshot.position.0.to_string()),
+    );
+    if let Some(created) = snapshot.created_at_ns {
+        extra.insert("creationTimestamp".into(), Value::String(rfc3339(created)));
+    }
+    let json = serde_json::to_string(&vm).ok()?;
+    Some(Some(vm_rendered(s, snapshot, json)))
+}
+
 /// A VM rendered from its template: `Some(answer)`, or `None` when there is no usable
 /// template (the caller renders through the JSON tree instead).
 fn render_vm_json(
@@ -536,6 +599,30 @@ mod tests {
         // The text read gives the tree read's text, from its template.
         let json = render_json(snapshot, Kind::VirtualMachine, features, now_ms).expect("text");
         assert_eq!(json, got.clone().into_json());
+        // So does a write's answer, serialized from the typed object (on a fresh memo: it
+        // neither needs nor fills one).
+        let fresh = Snapshot {
+            vm_json: Default::default(),
+            ..snapshot.clone()
+        };
+        let once = render_once_json(&fresh, Kind::VirtualMachine, features, now_ms).expect("text");
+        assert_eq!(once, got.clone().into_json());
+        // Without the tree exactly when the stored spec holds the firmware identity (as every
+        // create since it is stored there writes it).
+        let stored =
+            s.vm.as_ref()
+                .and_then(|vm| vm.firmware())
+                .is_some_and(|f| f.uuid.is_some() && f.serial.is_some());
+        assert_eq!(
+            render_vm_direct(&fresh, s, features, now_ms).is_some(),
+            stored,
+            "serialized without the tree"
+        );
+        assert_eq!(
+            fresh.vm_json.filled(),
+            !stored,
+            "the memo is left for reads"
+        );
         let template = snapshot
             .vm_json
             .template(s, snapshot.created_at_ns)
@@ -612,6 +699,48 @@ mod tests {
         let (got, want) = text(&base, &features);
         assert_eq!(got, want);
         assert!(got.contains("128Mi"));
+    }
+
+    #[test]
+    fn a_vm_whose_stored_spec_holds_its_firmware_renders_the_same_without_the_tree() {
+        let features = Features::defaults();
+        let mut snapshot = Snapshot::empty(Kind::VirtualMachine);
+        let manifest = manifest(128).replace(
+            r#""domain":{"#,
+            r#""domain":{"firmware":{"uuid":"00000000-0000-0000-0000-000000000002","serial":"serial","bootloader":{"efi":{}}},"#,
+        );
+        apply(
+            &mut snapshot,
+            &Event::VmCreated(VmCreated {
+                uid: Uuid::from_u128(1),
+                namespace: "ns".into(),
+                name: "a".into(),
+                origin: CreateOrigin::Apply,
+                manifest_json: manifest,
+                firmware_uuid: Uuid::from_u128(2),
+                firmware_serial: Some("serial".into()),
+                firmware_origin: FirmwareOrigin::Generated,
+            }),
+        );
+        let (got, want) = text(&snapshot, &features);
+        assert_eq!(got, want);
+        assert!(got.contains(r#""resourceVersion":"10","creationTimestamp""#));
+        // A state without a live object renders nothing, either way.
+        let mut deleted = snapshot.clone();
+        apply(
+            &mut deleted,
+            &Event::VmDeleted(vmplane_core::event::VmDeleted {
+                uid: Uuid::from_u128(1),
+            }),
+        );
+        let AggState::Vm(s) = &deleted.state else {
+            panic!("a VM stream");
+        };
+        assert_eq!(
+            render_vm_direct(&deleted, s, &features, 0),
+            Some(None),
+            "not live"
+        );
     }
 
     #[test]
