@@ -35,6 +35,11 @@ pub struct ProjectionOptions {
     pub checkpoint_every_events: u64,
     /// How long a read waits for its `min_position` by default.
     pub read_wait_ms: u64,
+    /// The follower ([`Projections::follow`]) catches up at most once per this many
+    /// milliseconds, so the commits of a busy log are folded a burst at a time rather than
+    /// one wake-up each (0: after every commit). Reads do not wait for it: each catches up
+    /// to the log's head itself first.
+    pub follow_interval_ms: u64,
 }
 
 impl Default for ProjectionOptions {
@@ -43,6 +48,7 @@ impl Default for ProjectionOptions {
             cache: CacheOptions::default(),
             checkpoint_every_events: 100_000,
             read_wait_ms: 5_000,
+            follow_interval_ms: 5,
         }
     }
 }
@@ -414,9 +420,14 @@ impl Projections {
     }
 
     /// Follows the log on a thread of its own until `stop` is set: catches up as events arrive
-    /// (checkpointing as configured), so reads rarely have a tail to apply.
+    /// (checkpointing as configured), at most once per
+    /// [`ProjectionOptions::follow_interval_ms`], so reads rarely have a long tail to apply.
+    /// Waking once per commit cost a busy log a thread switch per group commit and folded
+    /// one small group at a time: with 64 clients creating VMs, ~10% of the processor time
+    /// per create went to the follower's wake-ups and passes.
     pub fn follow(self: &Arc<Self>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
         let this = Arc::clone(self);
+        let interval = Duration::from_millis(self.options.follow_interval_ms);
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let next = this.position().next();
@@ -425,9 +436,15 @@ impl Projections {
                     std::thread::sleep(Duration::from_millis(200));
                     continue;
                 }
+                let started = Instant::now();
                 if let Err(e) = this.catch_up() {
                     tracing::error!(error = %e, "projection follower: catching up failed");
                     std::thread::sleep(Duration::from_millis(200));
+                }
+                // The rest of the interval: the commits meanwhile are folded in one pass.
+                let left = interval.saturating_sub(started.elapsed());
+                if !left.is_zero() && !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(left);
                 }
             }
         })
