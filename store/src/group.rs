@@ -96,12 +96,21 @@ pub(crate) struct Committer {
 struct CommitterState {
     wanted: bool,
     closed: bool,
+    /// Whether the committer thread sleeps on `rung` (set and cleared under the lock).
+    sleeping: bool,
 }
 
 impl Committer {
+    /// Rings the bell. The condition variable is notified only when the committer sleeps on
+    /// it: a notify is a futex system call even with no waiter, and a busy committer, which
+    /// looks at `wanted` before it sleeps, would pay one per queued append for nothing.
     pub(crate) fn want(&self) {
-        lock(&self.state).wanted = true;
-        self.rung.notify_one();
+        let mut state = lock(&self.state);
+        state.wanted = true;
+        if state.sleeping {
+            drop(state);
+            self.rung.notify_one();
+        }
     }
 
     /// Ends the thread (the log is closing).
@@ -120,7 +129,9 @@ impl Committer {
             if std::mem::take(&mut state.wanted) {
                 return true;
             }
+            state.sleeping = true;
             state = self.rung.wait(state).unwrap_or_else(|p| p.into_inner());
+            state.sleeping = false;
         }
     }
 }
@@ -236,4 +247,35 @@ pub(crate) fn injected(point: &'static str) -> crate::error::Error {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_bell_wakes_a_sleeping_committer_and_is_kept_for_a_busy_one() {
+        let bell = Arc::new(Committer::default());
+        // Rung while nobody sleeps: the next wait returns at once.
+        bell.want();
+        assert!(bell.wait());
+        // Rung while the committer sleeps: it wakes.
+        let sleeper = {
+            let bell = Arc::clone(&bell);
+            std::thread::spawn(move || bell.wait())
+        };
+        while !lock(&bell.state).sleeping {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        bell.want();
+        assert!(sleeper.join().expect("committer"));
+        assert!(!lock(&bell.state).sleeping);
+        // Closed: the wait ends with false, whether or not it was rung.
+        bell.want();
+        bell.close();
+        assert!(!bell.wait());
+    }
 }
