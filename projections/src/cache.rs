@@ -443,69 +443,51 @@ fn evict(streams: &mut HashMap<String, CachedStream>, max: usize) -> Vec<CachedS
 mod tests {
     use super::*;
 
-    fn options(streams_max: usize) -> CacheOptions {
-        CacheOptions {
+    fn cache(streams_max: usize) -> StateCache {
+        StateCache::new(CacheOptions {
             streams_max,
             ..CacheOptions::default()
-        }
+        })
+    }
+
+    fn put(cache: &StateCache, name: &str) {
+        let empty = Snapshot::empty(Kind::VirtualMachine);
+        cache.put(
+            &format!("vm/ns/{name}"),
+            Kind::VirtualMachine,
+            Arc::new(empty),
+        );
+    }
+
+    fn cached(cache: &StateCache, name: &str) -> bool {
+        let stream = format!("vm/ns/{name}");
+        cache.cached(&stream, Kind::VirtualMachine, 0).is_some()
     }
 
     #[test]
     fn streams_only_put_are_evicted_oldest_first_not_all_at_once() {
-        let cache = StateCache::new(options(640));
+        let cache = cache(640);
         for i in 0..=640 {
-            let stream = format!("vm/ns/vm-{i}");
-            cache.put(
-                &stream,
-                Kind::VirtualMachine,
-                Arc::new(Snapshot::empty(Kind::VirtualMachine)),
-            );
+            put(&cache, &format!("vm-{i}"));
         }
         // One past the bound: the 11 least recently put go (640 / 64 = 10 below the bound).
         assert_eq!(cache.streams(), 630);
-        assert!(
-            cache
-                .cached("vm/ns/vm-0", Kind::VirtualMachine, 0)
-                .is_none()
-        );
-        assert!(
-            cache
-                .cached("vm/ns/vm-10", Kind::VirtualMachine, 0)
-                .is_none()
-        );
+        assert!(!cached(&cache, "vm-0") && !cached(&cache, "vm-10"));
         for i in 11..=640 {
-            let stream = format!("vm/ns/vm-{i}");
-            assert!(
-                cache.cached(&stream, Kind::VirtualMachine, 0).is_some(),
-                "{stream} was dropped"
-            );
+            assert!(cached(&cache, &format!("vm-{i}")), "vm-{i} was dropped");
         }
     }
 
     #[test]
     fn a_stream_put_again_counts_as_recently_used() {
-        let cache = StateCache::new(options(64));
-        let empty = || Arc::new(Snapshot::empty(Kind::VirtualMachine));
+        let cache = cache(64);
         for i in 0..64 {
-            cache.put(&format!("vm/ns/vm-{i}"), Kind::VirtualMachine, empty());
+            put(&cache, &format!("vm-{i}"));
         }
         // The oldest is put again, then one more stream passes the bound.
-        cache.put("vm/ns/vm-0", Kind::VirtualMachine, empty());
-        cache.put("vm/ns/vm-new", Kind::VirtualMachine, empty());
-        assert!(
-            cache
-                .cached("vm/ns/vm-0", Kind::VirtualMachine, 0)
-                .is_some()
-        );
-        assert!(
-            cache
-                .cached("vm/ns/vm-1", Kind::VirtualMachine, 0)
-                .is_none()
-        );
-        assert!(
-            cache
-                .cached("vm/ns/vm-new", Kind::VirtualMachine, 0)
-                .is_some()
-        );
+        put(&cache, "vm-0");
+        put(&cache, "vm-new");
+        assert!(cached(&cache, "vm-0") && cached(&cache, "vm-new"));
+        assert!(!cached(&cache, "vm-1"));
     }
 }

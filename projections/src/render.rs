@@ -100,12 +100,7 @@ pub fn render_json(
     features: &Features,
     now_ms: i64,
 ) -> Option<ObjectJson> {
-    if let (AggState::Vm(s), Kind::VirtualMachine) = (&snapshot.state, kind)
-        && let Some(rendered) = render_vm_json(snapshot, s, features, now_ms)
-    {
-        return rendered;
-    }
-    render(snapshot, kind, features, now_ms).map(ObjectView::into_json)
+    render_text(snapshot, kind, features, now_ms, render_vm_json)
 }
 
 /// [`render`] as JSON text for an object rendered once, a write's answer: exactly
@@ -120,8 +115,22 @@ pub fn render_once_json(
     features: &Features,
     now_ms: i64,
 ) -> Option<ObjectJson> {
+    render_text(snapshot, kind, features, now_ms, render_vm_direct)
+}
+
+/// How a VM's text is made without its tree: `Some(answer)`, or `None` to take the tree.
+type VmText = fn(&Snapshot, &VmState, &Features, i64) -> Option<Option<ObjectJson>>;
+
+/// A VM's text through `vm` where it gives one; anything else through [`render`].
+fn render_text(
+    snapshot: &Snapshot,
+    kind: Kind,
+    features: &Features,
+    now_ms: i64,
+    vm: VmText,
+) -> Option<ObjectJson> {
     if let (AggState::Vm(s), Kind::VirtualMachine) = (&snapshot.state, kind)
-        && let Some(rendered) = render_vm_direct(snapshot, s, features, now_ms)
+        && let Some(rendered) = vm(snapshot, s, features, now_ms)
     {
         return rendered;
     }
@@ -589,6 +598,20 @@ mod tests {
             .expect("apply");
     }
 
+    /// VM `ns/a` created from `manifest_json`, with firmware UUID 2 and `serial`.
+    fn created(manifest_json: String, serial: Option<&str>) -> Event {
+        Event::VmCreated(VmCreated {
+            uid: Uuid::from_u128(1),
+            namespace: "ns".into(),
+            name: "a".into(),
+            origin: CreateOrigin::Apply,
+            manifest_json,
+            firmware_uuid: Uuid::from_u128(2),
+            firmware_serial: serial.map(str::to_owned),
+            firmware_origin: FirmwareOrigin::Generated,
+        })
+    }
+
     fn text(snapshot: &Snapshot, features: &Features) -> (String, String) {
         let AggState::Vm(s) = &snapshot.state else {
             panic!("a VM stream");
@@ -640,19 +663,7 @@ mod tests {
         let features = Features::defaults();
         let vmi = Uuid::from_u128(9);
         let mut snapshot = Snapshot::empty(Kind::VirtualMachine);
-        apply(
-            &mut snapshot,
-            &Event::VmCreated(VmCreated {
-                uid: Uuid::from_u128(1),
-                namespace: "ns".into(),
-                name: "a".into(),
-                origin: CreateOrigin::Apply,
-                manifest_json: manifest(128),
-                firmware_uuid: Uuid::from_u128(2),
-                firmware_serial: Some("serial".into()),
-                firmware_origin: FirmwareOrigin::Generated,
-            }),
-        );
+        apply(&mut snapshot, &created(manifest(128), Some("serial")));
         let (got, want) = text(&snapshot, &features);
         assert_eq!(got, want);
         assert!(got.contains(r#""zExtra""#) && got.contains(r#""status""#));
@@ -709,19 +720,7 @@ mod tests {
             r#""domain":{"#,
             r#""domain":{"firmware":{"uuid":"00000000-0000-0000-0000-000000000002","serial":"serial","bootloader":{"efi":{}}},"#,
         );
-        apply(
-            &mut snapshot,
-            &Event::VmCreated(VmCreated {
-                uid: Uuid::from_u128(1),
-                namespace: "ns".into(),
-                name: "a".into(),
-                origin: CreateOrigin::Apply,
-                manifest_json: manifest,
-                firmware_uuid: Uuid::from_u128(2),
-                firmware_serial: Some("serial".into()),
-                firmware_origin: FirmwareOrigin::Generated,
-            }),
-        );
+        apply(&mut snapshot, &created(manifest, Some("serial")));
         let (got, want) = text(&snapshot, &features);
         assert_eq!(got, want);
         assert!(got.contains(r#""resourceVersion":"10","creationTimestamp""#));
@@ -755,19 +754,7 @@ mod tests {
                     Value::String(label.to_owned())
                 ),
             );
-            apply(
-                &mut snapshot,
-                &Event::VmCreated(VmCreated {
-                    uid: Uuid::from_u128(1),
-                    namespace: "ns".into(),
-                    name: "a".into(),
-                    origin: CreateOrigin::Apply,
-                    manifest_json: manifest,
-                    firmware_uuid: Uuid::from_u128(2),
-                    firmware_serial: None,
-                    firmware_origin: FirmwareOrigin::Generated,
-                }),
-            );
+            apply(&mut snapshot, &created(manifest, None));
             let AggState::Vm(s) = &snapshot.state else {
                 panic!("a VM stream");
             };
