@@ -118,10 +118,11 @@ pub fn render_once_json(
     render_text(snapshot, kind, features, now_ms, render_vm_direct)
 }
 
-/// How a VM's text is made without its tree: `Some(answer)`, or `None` to take the tree.
-type VmText = fn(&Snapshot, &VmState, &Features, i64) -> Option<Option<ObjectJson>>;
+/// How a live VM's text, with its `status`, is made without its tree; `None` to take the tree.
+type VmText = fn(&Snapshot, &VmState, Value) -> Option<ObjectJson>;
 
-/// A VM's text through `vm` where it gives one; anything else through [`render`].
+/// A live VM's text through `vm` where it gives one (a VM that is not live renders nothing);
+/// anything else through [`render`].
 fn render_text(
     snapshot: &Snapshot,
     kind: Kind,
@@ -129,28 +130,21 @@ fn render_text(
     now_ms: i64,
     vm: VmText,
 ) -> Option<ObjectJson> {
-    if let (AggState::Vm(s), Kind::VirtualMachine) = (&snapshot.state, kind)
-        && let Some(rendered) = vm(snapshot, s, features, now_ms)
-    {
-        return rendered;
+    if let (AggState::Vm(s), Kind::VirtualMachine) = (&snapshot.state, kind) {
+        let status = lifecycle::render_status(s, features, now_ms)?;
+        if let Some(text) = vm(snapshot, s, status) {
+            return Some(text);
+        }
     }
     render(snapshot, kind, features, now_ms).map(ObjectView::into_json)
 }
 
-/// A VM serialized from its typed object: `Some(answer)`, or `None` when that would not give
-/// the tree's text — the tree appends `resourceVersion` and `creationTimestamp` to `metadata`
+/// A live VM serialized from its typed object with `status`, or `None` when that would not
+/// give the tree's text — the tree appends `resourceVersion` and `creationTimestamp` to `metadata`
 /// and the firmware identity to `domain.firmware` only where the stored object lacks them, so
 /// a stored object holding any of the first two, or lacking the firmware identity its state
 /// has (written before it was stored in the spec), takes the tree.
-fn render_vm_direct(
-    snapshot: &Snapshot,
-    s: &VmState,
-    features: &Features,
-    now_ms: i64,
-) -> Option<Option<ObjectJson>> {
-    let Some(status) = lifecycle::render_status(s, features, now_ms) else {
-        return Some(None);
-    };
+fn render_vm_direct(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<ObjectJson> {
     let mut vm = lifecycle::render_object(s)?;
     let meta = &vm.metadata;
     if meta.resource_version.is_some()
@@ -177,20 +171,12 @@ fn render_vm_direct(
         extra.insert("creationTimestamp".into(), Value::String(rfc3339(created)));
     }
     let json = serde_json::to_string(&vm).ok()?;
-    Some(Some(vm_rendered(s, snapshot, json)))
+    Some(vm_rendered(s, snapshot, json))
 }
 
 /// A VM rendered from its template: `Some(answer)`, or `None` when there is no usable
 /// template (the caller renders through the JSON tree instead).
-fn render_vm_json(
-    snapshot: &Snapshot,
-    s: &VmState,
-    features: &Features,
-    now_ms: i64,
-) -> Option<Option<ObjectJson>> {
-    let Some(status) = lifecycle::render_status(s, features, now_ms) else {
-        return Some(None);
-    };
+fn render_vm_json(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<ObjectJson> {
     let template = snapshot.vm_json.template(s, snapshot.created_at_ns)?;
     let (text, holes) = template.text.as_ref()?;
     let mut json = Vec::with_capacity(text.len() + 1024);
@@ -208,7 +194,7 @@ fn render_vm_json(
     json.extend_from_slice(text.get(at..)?.as_bytes());
     // UTF-8 pieces (the template's text cut at ASCII, serde_json's output, digits).
     let json = String::from_utf8(json).ok()?;
-    Some(Some(vm_rendered(s, snapshot, json)))
+    Some(vm_rendered(s, snapshot, json))
 }
 
 /// Where a [`VmTemplate`]'s text takes a value of the state being rendered.
@@ -636,8 +622,9 @@ mod tests {
             s.vm.as_ref()
                 .and_then(|vm| vm.firmware())
                 .is_some_and(|f| f.uuid.is_some() && f.serial.is_some());
+        let status = lifecycle::render_status(s, features, now_ms).expect("live");
         assert_eq!(
-            render_vm_direct(&fresh, s, features, now_ms).is_some(),
+            render_vm_direct(&fresh, s, status).is_some(),
             stored,
             "serialized without the tree"
         );
@@ -732,14 +719,9 @@ mod tests {
                 uid: Uuid::from_u128(1),
             }),
         );
-        let AggState::Vm(s) = &deleted.state else {
-            panic!("a VM stream");
-        };
-        assert_eq!(
-            render_vm_direct(&deleted, s, &features, 0),
-            Some(None),
-            "not live"
-        );
+        for way in [render_json, render_once_json] {
+            assert_eq!(way(&deleted, Kind::VirtualMachine, &features, 0), None);
+        }
     }
 
     #[test]
