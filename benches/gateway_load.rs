@@ -9,6 +9,9 @@
 //! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5 file 2 # clients on 2 threads
 //! ```
 //!
+//! The server is set up as `vmplane serve` sets it up: the same allocator, and the same logging
+//! (its per-request spans with the principal and the object are created and recorded).
+//!
 //! The load clients run on a runtime of their own with one thread by default (the fourth
 //! argument sets how many), as the etcd figure the gateway's target is set against was measured
 //! (one client thread): on 2 cores, every thread the clients take is taken from the server.
@@ -283,6 +286,9 @@ fn main() -> anyhow::Result<()> {
         backend.name()
     );
 
+    // The server logs as `vmplane serve` does: its per-request spans (principal, object) cost
+    // what they cost in the binary.
+    vmplane_gateway::server::init_tracing();
     let dir = tempfile::tempdir()?;
     let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = probe.local_addr()?;

@@ -37,7 +37,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-fn init_tracing() {
+/// Logging as `vmplane serve` sets it up: `RUST_LOG` (default `info`) to stderr. Public so that
+/// the load generator's in-process server pays for its per-request spans as the binary does.
+pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // A second init (tests calling `run` twice in one process) is harmless.
