@@ -193,7 +193,7 @@ async fn drive(
                     eprintln!("request failed: {status}");
                     break;
                 }
-                lat.push(t.elapsed());
+                lat.push((t.duration_since(started), t.elapsed()));
                 i += 1;
             }
             lat
@@ -208,6 +208,10 @@ async fn drive(
     let seconds = started.elapsed().as_secs_f64();
     let cpu = process_cpu().saturating_sub(cpu_before);
     let client_cpu = client_threads_cpu().saturating_sub(client_cpu_before);
+    if std::env::var_os("GATEWAY_LOAD_TAIL").is_some() {
+        print_tail(&all);
+    }
+    let mut all: Vec<Duration> = all.into_iter().map(|(_, latency)| latency).collect();
     all.sort();
     let ops = u32::try_from(all.len().max(1)).unwrap_or(u32::MAX);
     Phase {
@@ -218,6 +222,34 @@ async fn drive(
         cpu_per_op: cpu / ops,
         client_cpu_per_op: client_cpu / ops,
     }
+}
+
+/// With `GATEWAY_LOAD_TAIL` set: the latency tail of a phase, and when its slowest 1% were
+/// sent (per 100 ms of the run), to tell a tail spread over the run from one made of stalls.
+fn print_tail(requests: &[(Duration, Duration)]) {
+    let mut sorted: Vec<Duration> = requests.iter().map(|(_, latency)| *latency).collect();
+    sorted.sort();
+    let at = |p| percentile(&sorted, p);
+    eprintln!(
+        "tail: p90 {:.2?} p95 {:.2?} p99 {:.2?} p99.9 {:.2?} max {:.2?}",
+        at(0.90),
+        at(0.95),
+        at(0.99),
+        at(0.999),
+        at(1.0)
+    );
+    let p99 = at(0.99);
+    let mut windows = std::collections::BTreeMap::<u128, usize>::new();
+    for (sent, latency) in requests {
+        if *latency >= p99 {
+            *windows.entry(sent.as_millis() / 100).or_default() += 1;
+        }
+    }
+    let spread: Vec<String> = windows
+        .iter()
+        .map(|(w, n)| format!("{:.1}s:{n}", *w as f64 / 10.0))
+        .collect();
+    eprintln!("slowest 1% sent at: {}", spread.join(" "));
 }
 
 /// The log alone: `writers` threads appending one ~300-byte event each, durable, for `run`.
@@ -293,9 +325,7 @@ fn main() -> anyhow::Result<()> {
     let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = probe.local_addr()?;
     drop(probe);
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let server_rt = vmplane_gateway::server::runtime()?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serve = ServeArgs {
         data: dir.path().join("data"),

@@ -17,7 +17,7 @@ use crate::ctx::Ctx;
 use crate::event::VmiPhase;
 use crate::features::{self, FeatureUse, Features};
 use crate::limits::{CRASH_LOOP_BACKOFF_SECONDS_MAX, CRASH_LOOP_BACKOFF_SECONDS_MIN};
-use crate::types::VirtualMachine;
+use crate::types::{ObjectMeta, VirtualMachine};
 
 /// KubeVirt's run strategies (WaitAsReceiver is not supported).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -460,10 +460,18 @@ pub fn render(s: &VmState, features: &Features, now_ms: i64) -> Option<VirtualMa
 /// [`render_status`]. `None` if no VM object is stored.
 pub fn render_object(s: &VmState) -> Option<VirtualMachine> {
     let mut vm = VirtualMachine::clone(s.vm.as_deref()?);
-    vm.metadata.uid = s.uid.map(|u| u.to_string());
-    vm.metadata.generation = i64::try_from(s.generation).ok();
+    vm.metadata = render_metadata(s)?;
     vm.status = None;
     Some(vm)
+}
+
+/// The `metadata` of [`render_object`], without copying the rest of the object (to serialize
+/// with [`crate::types::VirtualMachineView`]). `None` if no VM object is stored.
+pub fn render_metadata(s: &VmState) -> Option<ObjectMeta> {
+    let mut meta = s.vm.as_deref()?.metadata.clone();
+    meta.uid = s.uid.map(|u| u.to_string());
+    meta.generation = i64::try_from(s.generation).ok();
+    Some(meta)
 }
 
 /// The derived `status` of [`render`] (printableStatus, conditions, run strategy, firmware

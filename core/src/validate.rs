@@ -267,23 +267,24 @@ pub fn vmi_spec(s: &VmiSpec, path: &str, c: &mut Causes) {
         .and_then(|d| d.interfaces.as_deref())
         .unwrap_or_default();
 
+    // Field paths are made only for what is reported: this runs on every write.
     let mut too_many = false;
-    for (field, n, max) in [
-        (format!("{domain}.devices.disks"), disks.len(), DISKS_MAX),
-        (format!("{path}.volumes"), volumes.len(), VOLUMES_MAX),
+    for ((base, field), n, max) in [
+        ((domain.as_str(), "devices.disks"), disks.len(), DISKS_MAX),
+        ((path, "volumes"), volumes.len(), VOLUMES_MAX),
         (
-            format!("{domain}.devices.interfaces"),
+            (&domain, "devices.interfaces"),
             ifaces.len(),
             INTERFACES_MAX,
         ),
-        (format!("{path}.networks"), networks.len(), NETWORKS_MAX),
+        ((path, "networks"), networks.len(), NETWORKS_MAX),
     ] {
         if n > max {
             too_many = true;
             c.push(
                 Category::ResourceExhausted,
                 Cause::new(
-                    field,
+                    format!("{base}.{field}"),
                     codes::TOO_MANY,
                     format!("must have at most {max} items"),
                 ),
@@ -295,14 +296,11 @@ pub fn vmi_spec(s: &VmiSpec, path: &str, c: &mut Causes) {
     }
 
     let volume_names: HashSet<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
-    unique(
-        volumes.iter().map(|v| v.name.as_str()),
-        &format!("{path}.volumes"),
-        c,
-    );
+    unique(volumes.iter().map(|v| v.name.as_str()), path, "volumes", c);
     unique(
         disks.iter().map(|d| d.name.as_str()),
-        &format!("{domain}.devices.disks"),
+        &domain,
+        "devices.disks",
         c,
     );
     for (i, d) in disks.iter().enumerate() {
@@ -328,12 +326,14 @@ pub fn vmi_spec(s: &VmiSpec, path: &str, c: &mut Causes) {
     let network_names: HashSet<&str> = networks.iter().map(|n| n.name.as_str()).collect();
     unique(
         networks.iter().map(|n| n.name.as_str()),
-        &format!("{path}.networks"),
+        path,
+        "networks",
         c,
     );
     unique(
         ifaces.iter().map(|i| i.name.as_str()),
-        &format!("{domain}.devices.interfaces"),
+        &domain,
+        "devices.interfaces",
         c,
     );
     for (i, iface) in ifaces.iter().enumerate() {
@@ -398,14 +398,17 @@ pub fn vmi_spec(s: &VmiSpec, path: &str, c: &mut Causes) {
     if let Some(r) = &s.domain.resources {
         for (what, list) in [("requests", &r.requests), ("limits", &r.limits)] {
             for (k, v) in list.iter().flatten() {
-                let field = format!("{domain}.resources.{what}.{k}");
                 let parsed = match v {
                     Value::String(t) => Quantity::parse(t).map(|_| ()).map_err(|e| e.to_string()),
                     Value::Number(_) => Ok(()),
                     _ => Err("must be a quantity".to_owned()),
                 };
                 if let Err(why) = parsed {
-                    c.invalid(field, codes::BAD_QUANTITY, why);
+                    c.invalid(
+                        format!("{domain}.resources.{what}.{k}"),
+                        codes::BAD_QUANTITY,
+                        why,
+                    );
                 }
             }
         }
@@ -432,10 +435,12 @@ pub fn vmi_spec(s: &VmiSpec, path: &str, c: &mut Causes) {
     }
 }
 
-fn unique<'a>(names: impl Iterator<Item = &'a str>, path: &str, c: &mut Causes) {
+/// Reports each name of the list at `base`.`field` that an earlier item has.
+fn unique<'a>(names: impl Iterator<Item = &'a str>, base: &str, field: &str, c: &mut Causes) {
     let mut seen: Vec<(&str, usize)> = Vec::new();
     for (i, n) in names.enumerate() {
         if let Some((_, first)) = seen.iter().find(|(m, _)| *m == n) {
+            let path = format!("{base}.{field}");
             c.invalid(
                 format!("{path}[{i}].name"),
                 codes::DUPLICATE,

@@ -43,8 +43,9 @@ use vmplane_store::EventLog;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HandledLabels {
-    method: String,
-    code: String,
+    /// One of [`known_methods`] or [`UNKNOWN_METHOD`]: no label is made per request.
+    method: &'static str,
+    code: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,11 +114,34 @@ fn known_methods() -> &'static HashSet<String> {
 
 /// The `method` label of a request to `path`: the path when the server serves it, else
 /// [`UNKNOWN_METHOD`].
-pub fn method_label(path: &str) -> &str {
-    if known_methods().contains(path) {
-        path
-    } else {
-        UNKNOWN_METHOD
+pub fn method_label(path: &str) -> &'static str {
+    known_methods()
+        .get(path)
+        .map_or(UNKNOWN_METHOD, String::as_str)
+}
+
+/// The `code` label of a gRPC status code: its name as tonic spells it (`Ok`,
+/// `InvalidArgument`, …).
+pub fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "Ok",
+        Code::Cancelled => "Cancelled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
 }
 
@@ -197,11 +221,8 @@ impl Metrics {
     }
 
     /// Records one finished request.
-    pub fn observe_request(&self, method: &str, code: &str, seconds: f64) {
-        let labels = HandledLabels {
-            method: method.to_string(),
-            code: code.to_string(),
-        };
+    pub fn observe_request(&self, method: &'static str, code: &'static str, seconds: f64) {
+        let labels = HandledLabels { method, code };
         self.handled.get_or_create(&labels).inc();
         self.latency.get_or_create(&labels).observe(seconds);
     }
@@ -348,7 +369,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         // Only the server's own methods name a series (and the span): a made-up path is
         // `unknown`, so no request can grow the metrics without bound.
-        let method = method_label(request.uri().path()).to_string();
+        let method = method_label(request.uri().path());
         let metrics = self.metrics.clone();
         let span = tracing::info_span!(
             "grpc",
@@ -371,12 +392,11 @@ where
                         .get("grpc-status")
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.parse::<i32>().ok())
-                        .map(|c| format!("{:?}", tonic::Code::from_i32(c)))
-                        .unwrap_or_else(|| "Ok".to_string()),
-                    Err(_) => "Internal".to_string(),
+                        .map_or("Ok", |c| code_label(tonic::Code::from_i32(c))),
+                    Err(_) => "Internal",
                 };
                 let seconds = started.elapsed().as_secs_f64();
-                metrics.observe_request(&method, &code, seconds);
+                metrics.observe_request(method, code, seconds);
                 tracing::debug!(code = %code, seconds, "request done");
                 result
             }
@@ -409,6 +429,14 @@ mod tests {
             "/vmplane.v1.Objects/Get/",
         ] {
             assert_eq!(method_label(junk), UNKNOWN_METHOD, "{junk}");
+        }
+    }
+
+    #[test]
+    fn every_code_is_labelled_by_its_name() {
+        for c in 0..=16 {
+            let code = tonic::Code::from_i32(c);
+            assert_eq!(code_label(code), format!("{code:?}"));
         }
     }
 }

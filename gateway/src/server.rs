@@ -23,11 +23,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     check_listen_is_allowed(&args)?;
     // Before the runtime and the log: a bad certificate or key refuses the start at once.
     ServerTls::load(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("vmplane-rt")
-        .build()
-        .context("start the async runtime")?;
+    let runtime = runtime().context("start the async runtime")?;
     runtime.block_on(async {
         // Installed before anything is served: a SIGTERM right after the ready line must reach
         // the clean shutdown, not the default action (a handler installed lazily, when a task
@@ -35,6 +31,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let shutdown = shutdown_signal()?;
         serve(args, shutdown).await
     })
+}
+
+/// The async runtime `vmplane serve` serves on. Public so that the load generator's in-process
+/// server runs as the binary's does.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("vmplane-rt")
+        .build()
 }
 
 /// Logging as `vmplane serve` sets it up: `RUST_LOG` (default `info`) to stderr. Public so that

@@ -149,8 +149,9 @@ pub struct Projections {
     options: ProjectionOptions,
     /// Every feature at its default (no cluster config).
     default_features: Arc<Features>,
-    /// The effective features at the last `cluster/config` revision asked for.
-    features: Mutex<Option<(u64, Arc<Features>)>>,
+    /// The effective features at the last `cluster/config` revision asked for, with that
+    /// revision and its position.
+    features: Mutex<Option<(u64, Position, Arc<Features>)>>,
 }
 
 /// How a read uses the state cache.
@@ -252,7 +253,7 @@ impl Projections {
         if revision == 0 {
             return Ok(Arc::clone(&self.default_features));
         }
-        if let Some((r, f)) = &*self.features.lock().unwrap_or_else(PoisonError::into_inner)
+        if let Some((r, _, f)) = &*self.features.lock().unwrap_or_else(PoisonError::into_inner)
             && *r == revision
         {
             return Ok(Arc::clone(f));
@@ -263,7 +264,7 @@ impl Projections {
             _ => Features::defaults(),
         });
         *self.features.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((revision, Arc::clone(&features)));
+            Some((revision, snapshot.position, Arc::clone(&features)));
         Ok(features)
     }
 
@@ -681,6 +682,19 @@ impl Projections {
     /// durable, so every config change before it is in the log's stream heads).
     fn features_in_memory(&self, position: Position) -> Option<Arc<Features>> {
         let stream = vmplane_core::streams::CLUSTER_CONFIG;
+        // Without the read model's lock (the follower holds it while it folds what was just
+        // written): the log's last config revision is the one kept, written at or before
+        // `position`, so no config change lies between them.
+        let current = self.log.stream_revision(stream).ok()?.unwrap_or(0);
+        if current == 0 {
+            return Some(Arc::clone(&self.default_features));
+        }
+        if let Some((r, at, f)) = &*self.features.lock().unwrap_or_else(PoisonError::into_inner)
+            && *r == current
+            && *at <= position
+        {
+            return Some(Arc::clone(f));
+        }
         let revision = {
             let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
             let entry = model.entry(stream);
@@ -697,7 +711,7 @@ impl Projections {
             return Some(Arc::clone(&self.default_features));
         }
         match &*self.features.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some((r, f)) if *r == revision => Some(Arc::clone(f)),
+            Some((r, _, f)) if *r == revision => Some(Arc::clone(f)),
             _ => None,
         }
     }

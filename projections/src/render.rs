@@ -6,7 +6,7 @@ use std::io::Write as _;
 
 use serde_json::{Map, Value, json};
 use vmplane_core::features::Features;
-use vmplane_core::types::Kind;
+use vmplane_core::types::{Kind, VirtualMachineView};
 use vmplane_core::{VmState, VmiState, lifecycle};
 use vmplane_store::Position;
 
@@ -145,8 +145,8 @@ fn render_text(
 /// a stored object holding any of the first two, or lacking the firmware identity its state
 /// has (written before it was stored in the spec), takes the tree.
 fn render_vm_direct(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<ObjectJson> {
-    let mut vm = lifecycle::render_object(s)?;
-    let meta = &vm.metadata;
+    let vm = s.vm.as_deref()?;
+    let mut meta = lifecycle::render_metadata(s)?;
     if meta.resource_version.is_some()
         || meta.extra.contains_key("resourceVersion")
         || meta.extra.contains_key("creationTimestamp")
@@ -159,10 +159,9 @@ fn render_vm_direct(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<O
             return None;
         }
     }
-    vm.status = Some(status);
     // Last in `metadata` (its flattened map of other fields is serialized last), where the
     // tree's inserts put them.
-    let extra = &mut vm.metadata.extra;
+    let extra = &mut meta.extra;
     extra.insert(
         "resourceVersion".into(),
         Value::String(snapshot.position.0.to_string()),
@@ -170,7 +169,7 @@ fn render_vm_direct(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<O
     if let Some(created) = snapshot.created_at_ns {
         extra.insert("creationTimestamp".into(), Value::String(rfc3339(created)));
     }
-    let json = serde_json::to_string(&vm).ok()?;
+    let json = serde_json::to_string(&VirtualMachineView::of(vm, &meta, Some(&status))).ok()?;
     Some(vm_rendered(s, snapshot, json))
 }
 

@@ -26,6 +26,42 @@ pub struct VirtualMachine {
     pub extra: JsonMap,
 }
 
+/// A [`VirtualMachine`] to serialize with its own `metadata` and `status`, the rest borrowed
+/// from the stored object: the same text as serializing a copy of it with those two replaced,
+/// without copying its spec.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineView<'a> {
+    /// The stored object's `apiVersion`.
+    pub api_version: &'a str,
+    /// The stored object's `kind`.
+    pub kind: &'a str,
+    /// The metadata to show.
+    pub metadata: &'a ObjectMeta,
+    /// The stored object's spec.
+    pub spec: &'a VirtualMachineSpec,
+    /// The status to show, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<&'a Value>,
+    /// The stored object's unknown top-level fields.
+    #[serde(flatten)]
+    pub extra: &'a JsonMap,
+}
+
+impl<'a> VirtualMachineView<'a> {
+    /// `vm` shown with `metadata` and `status`.
+    pub fn of(vm: &'a VirtualMachine, metadata: &'a ObjectMeta, status: Option<&'a Value>) -> Self {
+        VirtualMachineView {
+            api_version: &vm.api_version,
+            kind: &vm.kind,
+            metadata,
+            spec: &vm.spec,
+            status,
+            extra: &vm.extra,
+        }
+    }
+}
+
 /// `spec` of a VirtualMachine.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -443,5 +479,39 @@ impl DomainSpec {
     /// `memory`, created empty if missing.
     pub fn memory_mut(&mut self) -> &mut Memory {
         self.memory.get_or_insert_with(Default::default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_serializes_as_the_object_with_its_metadata_and_status_replaced() {
+        let vm: VirtualMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachine",
+            "metadata": {"name": "a", "namespace": "ns", "labels": {"x": "1"}, "finalizers": ["f"]},
+            "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}}}},
+            "status": {"ignored": true},
+            "zUnknown": {"kept": [1, 2]},
+            "aUnknown": "also kept"
+        }))
+        .unwrap();
+        let mut meta = vm.metadata.clone();
+        meta.uid = Some("u".into());
+        meta.generation = Some(3);
+        meta.extra
+            .insert("resourceVersion".into(), Value::String("9".into()));
+        let status = serde_json::json!({"printableStatus": "Stopped"});
+        for status in [None, Some(&status)] {
+            let mut copy = vm.clone();
+            copy.metadata = meta.clone();
+            copy.status = status.cloned();
+            assert_eq!(
+                serde_json::to_string(&VirtualMachineView::of(&vm, &meta, status)).unwrap(),
+                serde_json::to_string(&copy).unwrap()
+            );
+        }
     }
 }

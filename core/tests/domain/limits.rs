@@ -112,6 +112,15 @@ fn disk_count_limit_is_enforced_at_its_edge() {
     let r = validate::vm(&with_disks(DISKS_MAX + 1)).unwrap_err();
     assert_eq!(r.category, Category::ResourceExhausted);
     assert!(r.has_code(codes::TOO_MANY));
+    let fields: Vec<&str> = r.causes.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.template.spec.domain.devices.disks",
+            "spec.template.spec.volumes"
+        ],
+        "{r}"
+    );
 }
 
 #[test]

@@ -202,7 +202,14 @@ fn duplicate_names_and_dangling_interfaces_are_reported() {
         ..Default::default()
     }]);
     let r = validate::vm(&vm).unwrap_err();
-    assert!(r.has_code(codes::DUPLICATE), "{r}");
+    assert!(
+        r.causes.iter().any(|c| c.code == codes::DUPLICATE
+            && c.field == "spec.template.spec.domain.devices.disks[1].name"
+            && c.reason
+                == "spec.template.spec.domain.devices.disks[0] and \
+                    spec.template.spec.domain.devices.disks[1] must not have the same Name."),
+        "{r}"
+    );
     assert!(
         r.causes.iter().any(|c| c.reason
             == "spec.template.spec.domain.devices.interfaces[0].name 'nic0' not found."),

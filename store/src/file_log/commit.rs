@@ -59,7 +59,7 @@ impl Inner {
         commit_and_answer(
             &slots,
             || self.commit_group(group),
-            |reason| write(&self.index).poisoned = Some(reason),
+            |reason| self.poison(reason),
         );
     }
 
@@ -69,10 +69,10 @@ impl Inner {
         // Only this thread changes the index, so what is decided on here stays true until the
         // write below is published.
         let (decisions, accepted, first_position, prev_hash, recorded_at) = {
-            let index = self.index();
-            if let Some(reason) = &index.poisoned {
+            if let Some(reason) = self.poisoned.get() {
                 return refuse_group(group.len(), reason);
             }
+            let index = self.index();
             let mut overlay = Overlay::at(index.last_position + 1);
             let decisions = decide_group(
                 &group,
@@ -116,7 +116,7 @@ impl Inner {
                 let reason =
                     format!("commit of positions {first_position}..={last_position} failed: {err}");
                 tracing::error!(%reason, "the log refuses appends until it is reopened");
-                write(&self.index).poisoned = Some(reason.clone());
+                self.poison(reason.clone());
                 return (
                     refuse(decisions, |_| Error::Unavailable {
                         reason: reason.clone(),
@@ -173,6 +173,12 @@ impl Inner {
             let mut index = write(&self.index);
             let view = record::view(&body, &record)?;
             index.add_record(record, &view, claims)?;
+            // Before the head: a reader that sees the head sees each stream's revision at it.
+            for event in (0..view.len()).filter_map(|i| view.event(i).ok()) {
+                if let Some((stream, _)) = index.streams.get_key_value(event.stream) {
+                    self.tips.set(stream, event.revision);
+                }
+            }
             index.remember(first_position, body, self.options.recent_records_bytes_max);
             // Under the index's lock: a reader that sees the new indexes sees the new head.
             self.durable.publish(last_position);
@@ -186,6 +192,12 @@ impl Inner {
 }
 
 impl Inner {
+    /// Refuses appends from now on until the log is reopened, for `reason` (the first
+    /// failure's is kept: what came after may follow from it).
+    fn poison(&self, reason: String) {
+        let _ = self.poisoned.set(reason);
+    }
+
     /// `fdatasync` of the log file.
     pub(super) fn sync(&self) -> Result<()> {
         self.file.sync_data().map_err(|source| Error::Io {

@@ -43,12 +43,12 @@ impl FileLog {
     /// Starts a bulk import of already-recorded events, after what the log holds.
     pub fn importer(&mut self) -> Result<FileImporter<'_>> {
         let (last_position, last_hash, last_recorded_at) = {
-            let index = self.inner.index();
-            if let Some(reason) = &index.poisoned {
+            if let Some(reason) = self.inner.poisoned.get() {
                 return Err(Error::Unavailable {
                     reason: reason.clone(),
                 });
             }
+            let index = self.inner.index();
             (index.last_position, index.last_hash, index.last_recorded_at)
         };
         Ok(FileImporter {

@@ -18,7 +18,10 @@
 //!   but the events and claim changes is written, so a commit writes what it commits plus a
 //!   few dozen bytes. The price: opening reads and validates the whole file, and the indexes
 //!   take memory in proportion to the events (estimated at 60–100 bytes per event: an id entry
-//!   plus a share of a stream run and of a record entry; not measured yet).
+//!   plus a share of a stream run and of a record entry; not measured yet). The maps that gain
+//!   an entry with nearly every append are spread over many small maps (`shards`), so none
+//!   stalls a commit while it grows; each stream's last revision is kept apart as well
+//!   (`tips`), so a command asking it never waits for a commit to reach the indexes.
 //! - **Crash**: a record that was being written when the machine stopped (a short frame, a
 //!   body shorter than its frame says, or a CRC that does not match, in the last record) was
 //!   never acknowledged; opening cuts it off and says so. Anything wrong before the last record
@@ -30,15 +33,17 @@
 mod commit;
 pub mod import;
 pub mod record;
+mod shards;
+mod tips;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -62,6 +67,8 @@ use crate::types::{
 };
 
 use record::{ClaimChange, FRAME_BYTES, HEADER};
+use shards::ShardedMap;
+use tips::Tips;
 
 /// The log's file inside its directory.
 pub const LOG_FILE: &str = "events.vpl";
@@ -139,6 +146,12 @@ struct Inner {
     /// read lock until its append is decided, so a new term cannot begin in the middle of one.
     fences: LocalFences,
     commits: AtomicU64,
+    /// Each stream's last revision, read without the indexes' lock (set under it, before the
+    /// head that includes it is published).
+    tips: Tips,
+    /// Why appends are refused until the log is reopened (a failed sync leaves the file's state
+    /// unknown): the first failure's reason.
+    poisoned: OnceLock<String>,
 }
 
 /// One record of the file: one group commit.
@@ -174,9 +187,9 @@ impl Run {
 /// Every index, as of the durable head.
 struct Index {
     records: Vec<RecordAt>,
-    streams: HashMap<Arc<str>, Vec<Run>>,
-    ids: HashMap<Uuid, IdLocation>,
-    claims: HashMap<String, String>,
+    streams: ShardedMap<Arc<str>, Vec<Run>>,
+    ids: ShardedMap<Uuid, IdLocation>,
+    claims: ShardedMap<String, String>,
     last_position: u64,
     last_hash: [u8; 32],
     last_recorded_at: i64,
@@ -185,25 +198,21 @@ struct Index {
     /// The bodies of the most recent records, oldest first, with their first positions.
     recent: VecDeque<(u64, Arc<AlignedVec<16>>)>,
     recent_bytes: usize,
-    /// Why appends are refused until the log is reopened (a failed sync leaves the file's state
-    /// unknown).
-    poisoned: Option<String>,
 }
 
 impl Index {
     fn empty() -> Index {
         Index {
             records: Vec::new(),
-            streams: HashMap::new(),
-            ids: HashMap::new(),
-            claims: HashMap::new(),
+            streams: ShardedMap::default(),
+            ids: ShardedMap::default(),
+            claims: ShardedMap::default(),
             last_position: 0,
             last_hash: GENESIS_PREV_HASH,
             last_recorded_at: i64::MIN,
             end_offset: HEADER.len() as u64,
             recent: VecDeque::new(),
             recent_bytes: 0,
-            poisoned: None,
         }
     }
 
@@ -423,6 +432,12 @@ impl FileLog {
             );
         }
         let head = index.last_position;
+        let tips = Tips::default();
+        for (stream, runs) in index.streams.iter() {
+            if let Some(run) = runs.last() {
+                tips.set(stream, run.last_revision());
+            }
+        }
         let inner = Arc::new(Inner {
             path,
             file,
@@ -434,6 +449,8 @@ impl FileLog {
             head_record,
             fences: LocalFences::default(),
             commits: AtomicU64::new(0),
+            tips,
+            poisoned: OnceLock::new(),
         });
         let committer = {
             let inner = Arc::clone(&inner);
@@ -495,14 +512,11 @@ impl Drop for FileLog {
         if let Some(thread) = self.committer.take() {
             let _ = thread.join();
         }
-        let (position, hash, poisoned) = {
+        let (position, hash) = {
             let index = self.inner.index();
-            (
-                index.last_position,
-                index.last_hash,
-                index.poisoned.is_some(),
-            )
+            (index.last_position, index.last_hash)
         };
+        let poisoned = self.inner.poisoned.get().is_some();
         if !poisoned && let Err(err) = self.inner.head_record.write(position, hash) {
             tracing::warn!(%err, "could not record the head at close");
         }
@@ -520,7 +534,7 @@ impl Inner {
 
     fn queue_append(&self, request: AppendRequest) -> Result<Arc<Slot>> {
         check_request(&self.options.limits, &request)?;
-        if let Some(reason) = &self.index().poisoned {
+        if let Some(reason) = self.poisoned.get() {
             return Err(Error::Unavailable {
                 reason: reason.clone(),
             });
@@ -788,13 +802,7 @@ impl EventLog for FileLog {
     }
 
     fn stream_revision(&self, stream: &str) -> Result<Option<Revision>> {
-        Ok(self
-            .inner
-            .index()
-            .streams
-            .get(stream)
-            .and_then(|runs| runs.last())
-            .map(Run::last_revision))
+        Ok(self.inner.tips.get(stream))
     }
 
     fn claim_holder(&self, key: &str) -> Result<Option<String>> {
