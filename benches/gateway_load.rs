@@ -23,6 +23,8 @@
 //! rate, p50 and p99 latency, the processor time the whole process spent per request with, in
 //! brackets, the part the load clients' own threads spent (the rest is the server's) — figures
 //! that hold still when other work shares the machine — and creates/s as a ratio of its rate.
+//! With `GATEWAY_LOAD_TAIL` set, each phase also prints its latency tail (p90 to max) and when
+//! its slowest 1% were sent, per 100 ms of the run (stalls show as a few crowded windows).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
