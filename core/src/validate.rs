@@ -273,7 +273,7 @@ pub fn vmi_spec(s: &VmiSpec, path: &str, c: &mut Causes) {
         ((domain.as_str(), "devices.disks"), disks.len(), DISKS_MAX),
         ((path, "volumes"), volumes.len(), VOLUMES_MAX),
         (
-            (&domain, "devices.interfaces"),
+            (domain.as_str(), "devices.interfaces"),
             ifaces.len(),
             INTERFACES_MAX,
         ),

@@ -169,6 +169,66 @@ fn writes_render_as_reads_at_their_positions(env: &common::Env, path: Path) -> u
         "vm-0",
         vm_cmd("vm-0", VmCommand::Apply(put(vm("team-a", "vm-0", "512Mi")))),
     );
+    // A VM asking for a gated feature, written with the gate off, on, and off again: each
+    // answer (the in-memory one too) renders with the config in force at its write.
+    let gated = |memory: &str| {
+        let yaml = format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {{name: vm-dm, namespace: team-a}}\nspec:\n  runStrategy: Always\n  template:\n    spec:\n      domain: {{memory: {{guest: {memory}}}, devices: {{downwardMetrics: {{}}}}}}\n"
+        );
+        Command::apply(parse_manifest(yaml.as_bytes()).expect("gated VM manifest"))
+    };
+    let config = |gates: &str| {
+        let yaml = format!(
+            "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {{name: kubevirt, namespace: kubevirt}}\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [{gates}]\n"
+        );
+        Command::apply(parse_manifest(yaml.as_bytes()).expect("kubevirt manifest"))
+    };
+    let mut blocked = Vec::new();
+    for (gates, memory) in [
+        ("Snapshot", "128Mi"),
+        ("Snapshot, DownwardMetrics", "256Mi"),
+        ("Snapshot", "512Mi"),
+    ] {
+        env.run("admin", config(gates));
+        let written = gated(memory);
+        let (_, after, _) = execute(env, path, written.clone());
+        let after = after.expect("a write hands back its state");
+        let answer = env
+            .projections
+            .render_written(&after, Kind::VirtualMachine, "team-a", "vm-dm")
+            .expect("render")
+            .expect("a live VM");
+        blocked.push(answer.object.contains("DownwardMetrics"));
+        write(
+            Kind::VirtualMachine,
+            "team-a",
+            "vm-dm",
+            gated(&memory.replace("Mi", "0Mi")),
+        );
+    }
+    assert_eq!(
+        blocked,
+        [true, false, true],
+        "the gate's state shows in each answer"
+    );
+    // A config change after a write, already read by someone else, is not what the write's
+    // answer renders with: it renders as of its own position, or not from memory at all.
+    let (_, after, _) = execute(env, path, gated("768Mi"));
+    let after = after.expect("a write hands back its state");
+    env.run("admin", config("Snapshot, DownwardMetrics"));
+    env.projections.catch_up().expect("catch up");
+    env.projections.features_at(None).expect("features now");
+    if let Some(answer) = env
+        .projections
+        .render_written_in_memory(&after, Kind::VirtualMachine)
+    {
+        let answer = answer.expect("a live VM");
+        assert!(
+            answer.object.contains("DownwardMetrics"),
+            "rendered with a config written after it: {}",
+            answer.object
+        );
+    }
     // An unchanged apply appends nothing and hands back no state.
     let (unchanged, none, _) = execute(
         env,
