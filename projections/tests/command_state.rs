@@ -157,12 +157,15 @@ fn writes_render_as_reads_at_their_positions(env: &common::Env, path: Path) -> u
             vm_cmd(&name, VmCommand::Start { paused: false }),
         );
     }
+    // The cluster config with these feature gates on.
+    let config = |gates: &str| {
+        let yaml = format!(
+            "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {{name: kubevirt, namespace: kubevirt}}\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [{gates}]\n"
+        );
+        Command::apply(parse_manifest(yaml.as_bytes()).expect("kubevirt manifest"))
+    };
     // A cluster feature change between writes: the answer renders with the config in force.
-    let kubevirt = parse_manifest(
-        b"apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: kubevirt, namespace: kubevirt}\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [Snapshot]\n",
-    )
-    .expect("kubevirt manifest");
-    env.run("admin", Command::apply(kubevirt));
+    env.run("admin", config("Snapshot"));
     write(
         Kind::VirtualMachine,
         "team-a",
@@ -177,12 +180,6 @@ fn writes_render_as_reads_at_their_positions(env: &common::Env, path: Path) -> u
         );
         Command::apply(parse_manifest(yaml.as_bytes()).expect("gated VM manifest"))
     };
-    let config = |gates: &str| {
-        let yaml = format!(
-            "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {{name: kubevirt, namespace: kubevirt}}\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [{gates}]\n"
-        );
-        Command::apply(parse_manifest(yaml.as_bytes()).expect("kubevirt manifest"))
-    };
     let mut blocked = Vec::new();
     for (gates, memory) in [
         ("Snapshot", "128Mi"),
@@ -190,8 +187,7 @@ fn writes_render_as_reads_at_their_positions(env: &common::Env, path: Path) -> u
         ("Snapshot", "512Mi"),
     ] {
         env.run("admin", config(gates));
-        let written = gated(memory);
-        let (_, after, _) = execute(env, path, written.clone());
+        let (_, after, _) = execute(env, path, gated(memory));
         let after = after.expect("a write hands back its state");
         let answer = env
             .projections
@@ -199,6 +195,7 @@ fn writes_render_as_reads_at_their_positions(env: &common::Env, path: Path) -> u
             .expect("render")
             .expect("a live VM");
         blocked.push(answer.object.contains("DownwardMetrics"));
+        // Another edit (ten times the memory), compared with a read at its position.
         write(
             Kind::VirtualMachine,
             "team-a",
