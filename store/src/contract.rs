@@ -81,6 +81,7 @@ macro_rules! contract_tests {
             verify_accepts_an_intact_log_and_names_a_bad_payload,
             reopen_keeps_events_heads_claims_and_chain,
             concurrent_exact_appends_lose_no_update,
+            a_stream_revision_seen_is_readable_at_once,
             log_matches_an_in_memory_model,
             fenced_append_with_a_stale_fence_is_rejected_and_writes_nothing,
         );
@@ -1136,6 +1137,68 @@ pub fn concurrent_exact_appends_lose_no_update(factory: Factory<'_>) {
     let revisions: Vec<u64> = all.iter().map(|e| e.revision).collect();
     assert_eq!(revisions, (1..=threads * per_thread).collect::<Vec<_>>());
     log.verify(&accept_all).unwrap();
+}
+
+/// Whoever learns a stream's revision (`stream_revision`) can read the event at it at once
+/// (`read_stream`), while appends to the stream go on: a revision is never announced before
+/// the head that includes it. (Commands read the revision, then the state at it; the other
+/// order answered a racing write NotFound.)
+pub fn a_stream_revision_seen_is_readable_at_once(factory: Factory<'_>) {
+    let fixture = factory();
+    let log = fixture.log();
+    // For a while rather than a count: a few thousand appends on the embedded logs, fewer on
+    // a networked one. The window this looks for is narrow, so it wants many.
+    let writers = 2u64;
+    let until = Instant::now() + Duration::from_millis(1500);
+    let appended = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let checked = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (log, done, checked) = (Arc::clone(&log), Arc::clone(&done), Arc::clone(&checked));
+            thread::spawn(move || {
+                while done.load(Ordering::Acquire) < writers {
+                    let Some(revision) = log.stream_revision("raced").unwrap() else {
+                        continue;
+                    };
+                    let read = log
+                        .read_stream("raced", revision, Direction::Backward, 1)
+                        .unwrap();
+                    let got: Vec<u64> = read.iter().map(|e| e.revision).collect();
+                    assert_eq!(
+                        got,
+                        vec![revision],
+                        "revision {revision} was announced but reading it gave {got:?}"
+                    );
+                    checked.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let writing: Vec<_> = (0..writers)
+        .map(|_| {
+            let (log, done, appended) =
+                (Arc::clone(&log), Arc::clone(&done), Arc::clone(&appended));
+            thread::spawn(move || {
+                while Instant::now() < until {
+                    must(append(&*log, "raced", ExpectedRevision::Any, 1));
+                    appended.fetch_add(1, Ordering::Relaxed);
+                }
+                done.fetch_add(1, Ordering::Release);
+            })
+        })
+        .collect();
+    for handle in writing.into_iter().chain(readers) {
+        handle.join().unwrap();
+    }
+    assert_eq!(
+        log.stream_revision("raced").unwrap(),
+        Some(appended.load(Ordering::Relaxed))
+    );
+    assert!(
+        checked.load(Ordering::Relaxed) > 0,
+        "no read raced the writes"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -103,7 +103,9 @@ pub trait EventLog: Send + Sync {
     /// then. Read-your-writes waits here with the position an append returned.
     fn wait_for(&self, position: Position, timeout: Duration) -> Result<Position>;
 
-    /// The stream's last revision (`None` if it has no events).
+    /// The stream's last revision (`None` if it has no events). A revision answered here is
+    /// readable at once by [`EventLog::read_stream`]: it is never announced before the head
+    /// that includes it.
     fn stream_revision(&self, stream: &str) -> Result<Option<Revision>>;
 
     /// Who holds claim `key`, if anyone.

@@ -17,7 +17,9 @@
 //!   either replays it (it was there) or appends it (it was not), never both.
 //!
 //! The file backend has two points, `store::file::before_write` and
-//! `store::file::before_fdatasync`, and the same promises.
+//! `store::file::before_fdatasync`, and the same promises. A third, `store::file::before_publish`
+//! (the record is in the indexes, the head not yet moved), holds a commit open there so a
+//! reader can be shown never to learn a revision it cannot read yet.
 //!
 //! fail's registry is global, so every test holds [`serial`] (its own mutex plus
 //! `FailScenario`), and this binary holds no other tests.
@@ -357,4 +359,50 @@ fn on_the_file_log_a_failed_write_or_sync_poisons_and_the_append_is_whole_or_abs
     for point in ["store::file::before_write", "store::file::before_fdatasync"] {
         fail_on("file", point, "panic");
     }
+}
+
+/// A commit held between its indexes and its head: a reader asking the stream's revision
+/// meanwhile is told the old one, which it can read, never the new one, which it could not.
+#[test]
+fn on_the_file_log_a_stream_revision_is_not_announced_before_the_head_reaches_it() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log: Arc<dyn EventLog> = Arc::from(open_backend("file", dir.path()));
+    append_acked(&*log, "held", 1);
+    fail::cfg("store::file::before_publish", "sleep(400)").expect("configure the point");
+    let writer = {
+        let log = Arc::clone(&log);
+        std::thread::spawn(move || append_acked(&*log, "held", 1))
+    };
+    // The writer reaches the point; the read below then waits for the index lock the held
+    // commit keeps, with the revision it was told before.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    let mut asked = 0;
+    while std::time::Instant::now() < until {
+        let revision = log.stream_revision("held").expect("revision");
+        let read = log
+            .read_stream(
+                "held",
+                revision.unwrap_or(0),
+                vmplane_store::Direction::Backward,
+                1,
+            )
+            .expect("read");
+        let got: Vec<u64> = read.iter().map(|e| e.revision).collect();
+        assert_eq!(
+            got,
+            revision.into_iter().collect::<Vec<_>>(),
+            "told revision {revision:?}, but reading the stream at it gave {got:?}"
+        );
+        asked += 1;
+    }
+    fail::remove("store::file::before_publish");
+    let written = writer.join().expect("the held append");
+    assert_eq!(written[0].revision, 2);
+    assert_eq!(log.stream_revision("held").expect("revision"), Some(2));
+    assert!(
+        asked > 0,
+        "the revision was asked while the commit was held"
+    );
 }

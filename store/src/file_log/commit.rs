@@ -173,15 +173,23 @@ impl Inner {
             let mut index = write(&self.index);
             let view = record::view(&body, &record)?;
             index.add_record(record, &view, claims)?;
-            // Before the head: a reader that sees the head sees each stream's revision at it.
+            index.remember(
+                first_position,
+                Arc::clone(&body),
+                self.options.recent_records_bytes_max,
+            );
+            fail::fail_point!("store::file::before_publish");
+            // Under the index's lock: a reader that sees the new indexes sees the new head.
+            self.durable.publish(last_position);
+            // After the head: a reader that learns a stream's new revision can read it at once
+            // (`read_stream` stops at the head). The other order let a racing command see
+            // revision N, then fail to read it. A reader between the two sees the older
+            // revision, which a command takes for a conflict and decides again.
             for event in (0..view.len()).filter_map(|i| view.event(i).ok()) {
                 if let Some((stream, _)) = index.streams.get_key_value(event.stream) {
                     self.tips.set(stream, event.revision);
                 }
             }
-            index.remember(first_position, body, self.options.recent_records_bytes_max);
-            // Under the index's lock: a reader that sees the new indexes sees the new head.
-            self.durable.publish(last_position);
         }
         if sync {
             self.head_record

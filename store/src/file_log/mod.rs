@@ -146,8 +146,8 @@ struct Inner {
     /// read lock until its append is decided, so a new term cannot begin in the middle of one.
     fences: LocalFences,
     commits: AtomicU64,
-    /// Each stream's last revision, read without the indexes' lock (set under it, before the
-    /// head that includes it is published).
+    /// Each stream's last revision, read without the indexes' lock (set under it, just after
+    /// the head that includes it is published, so whoever is told a revision can read it).
     tips: Tips,
     /// Why appends are refused until the log is reopened (a failed sync leaves the file's state
     /// unknown): the first failure's reason.
