@@ -6,7 +6,7 @@
 
 use vmplane_tests::{Cli, Server, repo_root};
 
-/// Cells of an aligned table: every row's cell starts at its header's column.
+/// Cells of an aligned table: every row's cell starts at its header's column, or is empty.
 pub fn table_cells(table: &str) -> (Vec<String>, Vec<Vec<String>>) {
     let mut lines = table.lines();
     let header_line = lines.next().expect("a header line");
@@ -31,22 +31,24 @@ pub fn table_cells(table: &str) -> (Vec<String>, Vec<Vec<String>>) {
                 "row too short for column {}: {line:?}\n{table}",
                 header[n]
             );
+            let end = match starts.get(n + 1) {
+                Some(next) => (*next).min(line.len()),
+                None => line.len(),
+            };
+            let cell = &line[*start..end];
             assert!(
                 *start == 0 || line.as_bytes()[start - 1] == b' ',
                 "column {} is not aligned in row {line:?}\n{table}",
                 header[n]
             );
-            assert_ne!(
-                line.as_bytes()[*start],
-                b' ',
+            // A cell is empty (all spaces, as a VMI's NODE before it is placed) or starts
+            // exactly under its header.
+            assert!(
+                cell.trim().is_empty() || !cell.starts_with(' '),
                 "column {} is not aligned in row {line:?}\n{table}",
                 header[n]
             );
-            let end = match starts.get(n + 1) {
-                Some(next) => *next,
-                None => line.len(),
-            };
-            row.push(line[*start..end].trim().to_string());
+            row.push(cell.trim().to_string());
         }
         rows.push(row);
     }
@@ -287,5 +289,27 @@ fn the_first_five_minutes_work_as_written() {
     assert!(
         positions.windows(2).all(|w| w[0] < w[1]),
         "audit is in log order: {out}"
+    );
+}
+
+#[test]
+fn the_table_reader_takes_empty_cells_and_refuses_a_shifted_one() {
+    let (header, rows) = table_cells(
+        "NAME   PHASE     NODE    UUID\n\
+         demo   Pending           4fa1\n\
+         other  Running   node1   5e2b",
+    );
+    assert_eq!(header, ["NAME", "PHASE", "NODE", "UUID"]);
+    assert_eq!(rows[0], ["demo", "Pending", "", "4fa1"]);
+    assert_eq!(rows[1], ["other", "Running", "node1", "5e2b"]);
+    let shifted = std::panic::catch_unwind(|| {
+        table_cells(
+            "NAME   PHASE     NODE    UUID\n\
+             demo   Pending    node1  4fa1",
+        )
+    });
+    assert!(
+        shifted.is_err(),
+        "a cell one column right of its header is refused"
     );
 }
