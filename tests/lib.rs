@@ -140,7 +140,7 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let child = spawn_tied_to_this_process(command);
-        register_exit_cleanup(child.id(), data);
+        register_exit_cleanup(Some(child.id()), data);
         Server::wait_ready(child)
     }
 
@@ -298,10 +298,24 @@ fn spawn_tied_to_this_process(command: Command) -> Child {
         .expect("spawn vmplane serve")
 }
 
-/// Shared servers (pid, directory) to kill and remove when the test process exits normally.
-static SHARED: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+/// Shared servers (pid, directory) and shared directories (no pid) to kill and remove when the
+/// test process exits normally.
+static SHARED: Mutex<Vec<(Option<u32>, PathBuf)>> = Mutex::new(Vec::new());
 
-fn register_exit_cleanup(pid: u32, dir: PathBuf) {
+/// A fresh directory that lives as long as the test process and is removed when it exits: for
+/// files a module's shared server reads (a static's `TempDir` is never dropped, so it would be
+/// left behind).
+pub fn shared_dir() -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix("vmplane-e2e-")
+        .tempdir()
+        .expect("tempdir")
+        .keep();
+    register_exit_cleanup(None, dir.clone());
+    dir
+}
+
+fn register_exit_cleanup(pid: Option<u32>, dir: PathBuf) {
     static HOOK: OnceLock<()> = OnceLock::new();
     HOOK.get_or_init(|| {
         extern "C" fn cleanup() {
@@ -309,10 +323,12 @@ fn register_exit_cleanup(pid: u32, dir: PathBuf) {
                 return;
             };
             for (pid, dir) in shared.drain(..) {
-                // SAFETY: kill(2) and waitpid(2) on our own child.
-                unsafe {
-                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
-                    libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+                if let Some(pid) = pid {
+                    // SAFETY: kill(2) and waitpid(2) on our own child.
+                    unsafe {
+                        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                        libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+                    }
                 }
                 let _ = std::fs::remove_dir_all(dir);
             }

@@ -305,15 +305,13 @@ const STAFF: [AuthToken<'static>; 3] = [
 struct AuthServer {
     server: Server,
     auth_file: std::path::PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 /// The module's server, with the four principals; objects set up by the admin.
 fn auth_server() -> &'static AuthServer {
     static SERVER: OnceLock<AuthServer> = OnceLock::new();
     SERVER.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let auth_file = dir.path().join("auth.yaml");
+        let auth_file = vmplane_tests::shared_dir().join("auth.yaml");
         let [ops, alice, vera] = STAFF;
         write_auth_file(
             &auth_file,
@@ -333,11 +331,7 @@ fn auth_server() -> &'static AuthServer {
             assert!(!text.contains(token), "tokens are stored as digests only");
         }
         let server = Server::start_shared(&["--auth", auth_file.to_str().expect("utf-8")]);
-        let auth = AuthServer {
-            server,
-            auth_file,
-            _dir: dir,
-        };
+        let auth = AuthServer { server, auth_file };
         rt().block_on(set_up(&auth.server));
         auth
     })
