@@ -123,11 +123,7 @@ impl Server {
     /// the tests of one module to share (each in its own namespaces). It is killed, and its
     /// directory removed, when the test process exits, however it exits.
     pub fn start_shared(extra: &[&str]) -> Server {
-        let data = tempfile::Builder::new()
-            .prefix("vmplane-e2e-")
-            .tempdir()
-            .expect("tempdir")
-            .keep();
+        let data = kept_tempdir();
         let mut command = Command::new(vmplane_bin());
         command
             .arg("serve")
@@ -306,13 +302,19 @@ static SHARED: Mutex<Vec<(Option<u32>, PathBuf)>> = Mutex::new(Vec::new());
 /// files a module's shared server reads (a static's `TempDir` is never dropped, so it would be
 /// left behind).
 pub fn shared_dir() -> PathBuf {
-    let dir = tempfile::Builder::new()
+    let dir = kept_tempdir();
+    register_exit_cleanup(None, dir.clone());
+    dir
+}
+
+/// A fresh directory that is not removed when dropped: whoever makes it registers it with
+/// [`register_exit_cleanup`].
+fn kept_tempdir() -> PathBuf {
+    tempfile::Builder::new()
         .prefix("vmplane-e2e-")
         .tempdir()
         .expect("tempdir")
-        .keep();
-    register_exit_cleanup(None, dir.clone());
-    dir
+        .keep()
 }
 
 fn register_exit_cleanup(pid: Option<u32>, dir: PathBuf) {
