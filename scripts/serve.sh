@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
+source scripts/rustflags.sh
 cargo build --release --locked -p vmplane-gateway --bin vmplane
 # Where cargo put it: its own target directory unless CARGO_TARGET_DIR says otherwise.
 exec "${CARGO_TARGET_DIR:-target}/release/vmplane" serve "$@"

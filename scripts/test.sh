@@ -11,6 +11,7 @@ bash scripts/install-deps.sh --test
 bash scripts/install-qemu.sh >/dev/null
 # A 3-member etcd cluster the store-etcd tests start themselves.
 bash scripts/install-etcd.sh
+source scripts/rustflags.sh
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "test.sh: cargo not found: install the Rust toolchain (rustup) first" >&2
