@@ -47,9 +47,8 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// follower or a client), and whatever sits in its slot waits for the kernel to run it again.
 /// Without the slot, at 64 clients: 1.05x creates/s and 1.37x no-op health `Check`s/s (LTO);
 /// in a build without LTO 1.07x creates/s and the `Check`'s p99 1.8 instead of 4.4 ms
-/// (README, "Performance"). Turning it off needs
-/// `--cfg tokio_unstable` (`.cargo/config.toml`); built without it, the runtime keeps tokio's
-/// default.
+/// (README, "Performance"). Turning it off needs `--cfg tokio_unstable` (`.cargo/config.toml`);
+/// built without it, the runtime keeps tokio's default.
 fn runtime_builder() -> tokio::runtime::Builder {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all().thread_name("vmplane-rt");
@@ -513,7 +512,7 @@ mod tests {
     }
 
     #[test]
-    fn the_server_runtime_runs_woken_tasks_in_order_without_the_lifo_slot() {
+    fn the_server_runtime_runs_spawned_tasks_in_order_without_the_lifo_slot() {
         assert_eq!(
             order_of_spawned_tasks(),
             vec![1, 2, 3],
