@@ -60,15 +60,51 @@ fn runtime_builder() -> tokio::runtime::Builder {
 /// Logging as `vmplane serve` sets it up: `RUST_LOG` (default `info`) to stderr. Public so that
 /// the load generator's in-process server pays for its per-request spans as the binary does.
 pub fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // A second init (tests calling `run` twice in one process) is harmless.
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let spec = std::env::var("RUST_LOG").unwrap_or_default();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .try_init();
+    let registry = tracing_subscriber::registry();
+    macro_rules! fmt {
+        () => {
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(ansi)
+        };
+    }
+    // A second init (tests calling `run` twice in one process) is harmless.
+    let _ = match log_filter(&spec) {
+        LogFilter::Targets(targets) => registry.with(targets).with(fmt!()).try_init(),
+        LogFilter::Env(filter) => registry.with(filter).with(fmt!()).try_init(),
+    };
+}
+
+/// How `RUST_LOG` filters: by target and level when that is all it says, else with
+/// `EnvFilter` (span and field directives, `target[span{field=value}]=level`). Both read the
+/// same `target=level` lists alike, but `EnvFilter` also looks every span up in a map shared by
+/// all threads each time the span is entered or left, which every request's span pays for on
+/// each poll of its future; `Targets` decides once per call site.
+#[derive(Debug)]
+enum LogFilter {
+    Targets(Box<tracing_subscriber::filter::Targets>),
+    Env(Box<tracing_subscriber::filter::EnvFilter>),
+}
+
+/// The filter for `spec` (`RUST_LOG`'s value): `info` when it is empty or not a filter.
+fn log_filter(spec: &str) -> LogFilter {
+    use tracing_subscriber::filter::{EnvFilter, Targets};
+    let spec = spec.trim();
+    let info = || Box::new(Targets::new().with_default(tracing::Level::INFO));
+    if spec.is_empty() {
+        return LogFilter::Targets(info());
+    }
+    if spec.contains(['[', '{']) {
+        return match EnvFilter::try_new(spec) {
+            Ok(filter) => LogFilter::Env(Box::new(filter)),
+            Err(_) => LogFilter::Targets(info()),
+        };
+    }
+    LogFilter::Targets(spec.parse::<Targets>().map_or_else(|_| info(), Box::new))
 }
 
 /// Without authentication, vmplane only listens on loopback: anyone who can reach the port
@@ -483,6 +519,43 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
+
+    use tracing::Level;
+
+    use super::{LogFilter, log_filter};
+
+    #[test]
+    fn rust_log_lists_of_targets_and_levels_filter_without_envfilter_and_span_directives_with_it() {
+        let targets = |spec: &str| match log_filter(spec) {
+            LogFilter::Targets(targets) => targets,
+            LogFilter::Env(filter) => panic!("{spec:?} gave EnvFilter {filter}"),
+        };
+        for unset in ["", "  ", "no=such=level"] {
+            let t = targets(unset);
+            assert!(
+                t.would_enable("vmplane_gateway::server", &Level::INFO),
+                "{unset:?}"
+            );
+            assert!(!t.would_enable("h2::proto", &Level::DEBUG), "{unset:?}");
+        }
+        let t = targets("warn,vmplane_gateway=debug");
+        assert!(t.would_enable("vmplane_gateway::metrics", &Level::DEBUG));
+        assert!(!t.would_enable("vmplane_gateway::metrics", &Level::TRACE));
+        assert!(t.would_enable("h2::proto", &Level::WARN));
+        assert!(!t.would_enable("h2::proto", &Level::INFO));
+        let t = targets("vmplane_store=trace");
+        assert!(t.would_enable("vmplane_store::file_log", &Level::TRACE));
+        assert!(!t.would_enable("vmplane_gateway", &Level::ERROR));
+        for spans in [
+            "info,[grpc]=debug",
+            "[grpc{method=/vmplane.v1.Objects/Apply}]=trace",
+        ] {
+            assert!(
+                matches!(log_filter(spans), LogFilter::Env(_)),
+                "{spans:?} needs EnvFilter"
+            );
+        }
+    }
 
     /// The order in which tasks spawned from one task run on a single worker: with tokio's
     /// LIFO slot the last one spawned runs first; without it, the order they were spawned in.

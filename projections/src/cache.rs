@@ -48,7 +48,7 @@ struct CachedStream {
 }
 
 struct Inner {
-    streams: HashMap<String, CachedStream>,
+    streams: HashMap<String, CachedStream, foldhash::fast::RandomState>,
     tick: u64,
 }
 
@@ -72,7 +72,7 @@ impl StateCache {
     pub fn new(options: CacheOptions) -> StateCache {
         StateCache {
             inner: Mutex::new(Inner {
-                streams: HashMap::new(),
+                streams: HashMap::default(),
                 tick: 0,
             }),
             options: CacheOptions {
@@ -425,7 +425,10 @@ const EVICT_FRACTION: usize = 64;
 
 /// Drops the least recently used streams down to `max - max / 64` (every stream's `used` tick
 /// is distinct: each use takes a new one).
-fn evict(streams: &mut HashMap<String, CachedStream>, max: usize) -> Vec<CachedStream> {
+fn evict(
+    streams: &mut HashMap<String, CachedStream, foldhash::fast::RandomState>,
+    max: usize,
+) -> Vec<CachedStream> {
     let keep = max - max / EVICT_FRACTION;
     let drop = streams.len().saturating_sub(keep);
     if drop == 0 {

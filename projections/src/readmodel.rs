@@ -335,7 +335,7 @@ pub(crate) struct PersistedRef<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct ReadModel {
     pub data: ModelData,
-    by_stream: HashMap<Arc<str>, u32>,
+    by_stream: HashMap<Arc<str>, u32, foldhash::fast::RandomState>,
     /// `(kind index, namespace, name)` → entry.
     pub by_name: BTreeMap<NameKey, u32>,
     /// Names of entries made by the fold and not in `by_name` yet: they are added together
@@ -343,7 +343,7 @@ pub(crate) struct ReadModel {
     /// in one go from sorted keys instead of one insertion per stream).
     pending_names: Vec<(NameKey, u32)>,
     /// Live firmware UUID → entry.
-    pub firmware: HashMap<Uuid, u32>,
+    pub firmware: HashMap<Uuid, u32, foldhash::fast::RandomState>,
     features: BTreeMap<String, BTreeSet<u32>>,
     revisions: BTreeMap<RevisionRef, BTreeSet<u32>>,
     dirty: BTreeSet<u32>,

@@ -301,7 +301,7 @@ pub fn check_request(limits: &Limits, request: &AppendRequest) -> Result<()> {
         request.stream.len(),
     )?;
     let mut payload_bytes = 0usize;
-    let mut ids = HashSet::with_capacity(events);
+    let mut ids = HashSet::with_capacity_and_hasher(events, foldhash::fast::RandomState::default());
     for event in &request.events {
         if event.event_type.is_empty() {
             return Err(Error::InvalidRequest {

@@ -7,7 +7,9 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::hash::{BuildHasher, Hash, RandomState};
+use std::hash::{BuildHasher, Hash};
+
+use foldhash::fast::RandomState;
 
 /// Maps an index is spread over (a power of two).
 pub(super) const SHARDS: usize = 64;
@@ -16,14 +18,16 @@ pub(super) const SHARDS: usize = 64;
 /// another key, so the keys of one map still spread over its table).
 pub(super) struct ShardedMap<K, V> {
     hasher: RandomState,
-    shards: Box<[HashMap<K, V>]>,
+    shards: Box<[HashMap<K, V, RandomState>]>,
 }
 
 impl<K: Hash + Eq, V> Default for ShardedMap<K, V> {
     fn default() -> Self {
         ShardedMap {
-            hasher: RandomState::new(),
-            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
+            hasher: RandomState::default(),
+            shards: (0..SHARDS)
+                .map(|_| HashMap::with_hasher(RandomState::default()))
+                .collect(),
         }
     }
 }

@@ -5,14 +5,16 @@
 //! small maps, each with its own lock, held for one lookup or one update.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Arc, PoisonError, RwLock};
+
+use foldhash::fast::RandomState;
 
 use super::shards::SHARDS;
 use crate::types::Revision;
 
 /// One of the maps, with its lock.
-type Shard = RwLock<HashMap<Arc<str>, Revision>>;
+type Shard = RwLock<HashMap<Arc<str>, Revision, RandomState>>;
 
 /// Each stream's last durable revision.
 pub(super) struct Tips {
@@ -23,7 +25,7 @@ pub(super) struct Tips {
 impl Default for Tips {
     fn default() -> Self {
         Tips {
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
         }
     }
