@@ -65,18 +65,21 @@ pub fn init_tracing() {
     let spec = std::env::var("RUST_LOG").unwrap_or_default();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let registry = tracing_subscriber::registry();
-    macro_rules! fmt {
-        () => {
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(ansi)
-        };
-    }
     // A second init (tests calling `run` twice in one process) is harmless.
     let _ = match log_filter(&spec) {
-        LogFilter::Targets(targets) => registry.with(targets).with(fmt!()).try_init(),
-        LogFilter::Env(filter) => registry.with(filter).with(fmt!()).try_init(),
+        LogFilter::Targets(targets) => registry.with(targets).with(to_stderr(ansi)).try_init(),
+        LogFilter::Env(filter) => registry.with(filter).with(to_stderr(ansi)).try_init(),
     };
+}
+
+/// The layer that writes log lines to stderr (colored when `ansi`), under either filter.
+fn to_stderr<S>(ansi: bool) -> impl tracing_subscriber::Layer<S> + Send + Sync
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
 }
 
 /// How `RUST_LOG` filters: by target and level when that is all it says, else with
