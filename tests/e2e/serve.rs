@@ -227,6 +227,33 @@ fn serve_takes_a_log_cache_size_and_refuses_one_below_its_least() {
 }
 
 #[test]
+fn serve_runs_the_worker_threads_asked_for_and_refuses_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let path = data.to_str().expect("utf-8 path");
+    let (code, _out, err) = run_cli(&[
+        "serve",
+        "--data",
+        path,
+        "--listen",
+        "127.0.0.1:0",
+        "--worker-threads",
+        "0",
+    ]);
+    assert_ne!(code, 0, "0 worker threads must be refused");
+    assert!(err.contains("--worker-threads"), "unclear error: {err}");
+    assert!(
+        !data.exists(),
+        "a refused start must not create the data dir"
+    );
+    let server = Server::start(&data, &["--worker-threads", "3"]);
+    let stderr = server.stderr();
+    assert!(stderr.contains("workers=3"), "{stderr}");
+    let status = server.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+#[test]
 fn serve_reports_a_damaged_log_as_an_error_without_panicking() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
