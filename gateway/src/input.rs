@@ -13,17 +13,17 @@ pub const MANIFEST_EXTENSIONS: [&str; 3] = ["json", "yaml", "yml"];
 /// Why `-f` could not be read. Each names the input and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
-    /// Standard input could not be read.
+    /// Standard input could not be read. (The cause is in the message, not a `source`: the
+    /// binary prints an error's whole chain, which would say it twice.)
     #[error("-f -: cannot read standard input: {0}")]
-    Stdin(#[source] std::io::Error),
+    Stdin(std::io::Error),
     /// A file or directory could not be read.
-    #[error("-f {path}: cannot read: {source}")]
+    #[error("-f {path}: cannot read: {error}")]
     Read {
         /// The path, as given or as found in a directory.
         path: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
+        /// Why (in the message, not a `source`, as for `Stdin`).
+        error: std::io::Error,
     },
     /// A directory without any manifest file.
     #[error(
@@ -93,9 +93,9 @@ pub fn read(file: &str, recursive: bool) -> Result<Vec<Unit>, InputError> {
         from_dir = false;
     } else {
         let path = Path::new(file);
-        let read_err = |path: &Path, source| InputError::Read {
+        let read_err = |path: &Path, error| InputError::Read {
             path: path.display().to_string(),
-            source,
+            error,
         };
         from_dir = std::fs::metadata(path)
             .map_err(|e| read_err(path, e))?
@@ -147,9 +147,9 @@ fn manifest_files(
     files: &mut Vec<PathBuf>,
     skipped_dirs: &mut bool,
 ) -> Result<(), InputError> {
-    let read_err = |source| InputError::Read {
+    let read_err = |error| InputError::Read {
         path: dir.display().to_string(),
-        source,
+        error,
     };
     let mut entries = std::fs::read_dir(dir)
         .map_err(read_err)?

@@ -307,6 +307,21 @@ fn an_unknown_kind_is_refused_listing_the_known_ones() {
 }
 
 #[test]
+fn an_unreadable_file_is_named_with_its_cause_said_once() {
+    let vmplane = Cli::new(shared_server());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("absent.yaml");
+    let path = missing.to_str().expect("utf-8 path");
+    let line = vmplane.fails(&["apply", "-f", path]);
+    assert!(line.contains(&format!("-f {path}: cannot read")), "{line}");
+    assert_eq!(
+        line.matches("No such file or directory").count(),
+        1,
+        "the cause once: {line}"
+    );
+}
+
+#[test]
 fn an_unreachable_server_is_named_with_what_to_do() {
     // A port nobody listens on: bind one, then let it go.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
