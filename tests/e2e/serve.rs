@@ -198,8 +198,9 @@ fn serve_exits_on_sigterm_with_a_watch_open_and_tells_the_watcher_where_to_conti
     );
 }
 
-#[test]
-fn serve_takes_a_log_cache_size_and_refuses_one_below_its_least() {
+/// Asserts that `serve` with `flag value` is refused, naming the flag, before it creates its
+/// data dir; returns a temporary directory and the data dir (in it) the refused start left alone.
+fn assert_serve_refuses(flag: &str, value: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let path = data.to_str().expect("utf-8 path");
@@ -209,15 +210,21 @@ fn serve_takes_a_log_cache_size_and_refuses_one_below_its_least() {
         path,
         "--listen",
         "127.0.0.1:0",
-        "--log-cache-mib",
-        "4",
+        flag,
+        value,
     ]);
-    assert_ne!(code, 0, "a 4 MiB log cache must be refused");
-    assert!(err.contains("--log-cache-mib"), "unclear error: {err}");
+    assert_ne!(code, 0, "serve {flag} {value} must be refused");
+    assert!(err.contains(flag), "unclear error: {err}");
     assert!(
         !data.exists(),
         "a refused start must not create the data dir"
     );
+    (dir, data)
+}
+
+#[test]
+fn serve_takes_a_log_cache_size_and_refuses_one_below_its_least() {
+    let (_dir, data) = assert_serve_refuses("--log-cache-mib", "4");
     // The least size serves, and a log written with it reopens with the default.
     let server = Server::start(&data, &["--log-cache-mib", "8"]);
     let status = server.terminate(Duration::from_secs(30));
@@ -228,24 +235,7 @@ fn serve_takes_a_log_cache_size_and_refuses_one_below_its_least() {
 
 #[test]
 fn serve_runs_the_worker_threads_asked_for_and_refuses_zero() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let path = data.to_str().expect("utf-8 path");
-    let (code, _out, err) = run_cli(&[
-        "serve",
-        "--data",
-        path,
-        "--listen",
-        "127.0.0.1:0",
-        "--worker-threads",
-        "0",
-    ]);
-    assert_ne!(code, 0, "0 worker threads must be refused");
-    assert!(err.contains("--worker-threads"), "unclear error: {err}");
-    assert!(
-        !data.exists(),
-        "a refused start must not create the data dir"
-    );
+    let (_dir, data) = assert_serve_refuses("--worker-threads", "0");
     let server = Server::start(&data, &["--worker-threads", "3"]);
     let stderr = server.stderr();
     assert!(stderr.contains("workers=3"), "{stderr}");
