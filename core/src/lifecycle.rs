@@ -9,6 +9,7 @@
 //! stopped because a feature it uses was disabled, it only shows a `FeatureMismatch`
 //! condition.
 
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::aggregate::vm::{Existence, VmState, VmiRun};
@@ -320,11 +321,28 @@ impl Condition {
         // Built at its final size (`json!` grows a map one key at a time).
         let mut map = serde_json::Map::with_capacity(4);
         map.insert("type".into(), Value::String(self.kind.to_owned()));
-        let status = if self.status { "True" } else { "False" };
-        map.insert("status".into(), Value::String(status.to_owned()));
+        map.insert("status".into(), Value::String(self.status_str().to_owned()));
         map.insert("reason".into(), Value::String(self.reason.clone()));
         map.insert("message".into(), Value::String(self.message.clone()));
         Value::Object(map)
+    }
+
+    /// `True` / `False`.
+    fn status_str(&self) -> &'static str {
+        if self.status { "True" } else { "False" }
+    }
+}
+
+/// The JSON of [`Condition::to_json`], written without building it.
+impl Serialize for Condition {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = serializer.serialize_struct("Condition", 4)?;
+        out.serialize_field("type", self.kind)?;
+        out.serialize_field("status", self.status_str())?;
+        out.serialize_field("reason", &self.reason)?;
+        out.serialize_field("message", &self.message)?;
+        out.end()
     }
 }
 
@@ -477,55 +495,99 @@ pub fn render_metadata(s: &VmState) -> Option<ObjectMeta> {
 /// The derived `status` of [`render`] (printableStatus, conditions, run strategy, firmware
 /// origin, captured revisions, generations, start failures). `None` if the VM does not exist.
 pub fn render_status(s: &VmState, features: &Features, now_ms: i64) -> Option<Value> {
+    serde_json::to_value(vm_status(s, features, now_ms)?).ok()
+}
+
+/// [`render_status`] as a value to serialize: the same JSON, written without building a
+/// `serde_json::Value` first (a write's answer serializes it straight into its text).
+/// `None` if the VM does not exist.
+pub fn vm_status(s: &VmState, features: &Features, now_ms: i64) -> Option<VmStatus> {
     if s.existence != Existence::Live {
         return None;
     }
     let vmi = s.run.vmi.as_ref();
-    // Sized for every key it may get: growing a map reallocates its entries and its index.
-    let mut status = serde_json::Map::with_capacity(12);
-    status.insert(
-        "printableStatus".into(),
-        json!(printable_status(s, features, now_ms).as_str()),
-    );
-    status.insert(
-        "ready".into(),
-        json!(vmi.is_some_and(|v| v.phase == VmiPhase::Running)),
-    );
-    status.insert("created".into(), json!(s.active_vmi().is_some()));
-    if let Some(rs) = s.run_strategy() {
-        status.insert("runStrategy".into(), json!(rs.as_str()));
+    Some(VmStatus {
+        printable_status: printable_status(s, features, now_ms).as_str(),
+        ready: vmi.is_some_and(|v| v.phase == VmiPhase::Running),
+        created: s.active_vmi().is_some(),
+        run_strategy: s.run_strategy().map(RunStrategy::as_str),
+        conditions: conditions(s, features, now_ms),
+        firmware_uuid_origin: s.firmware.as_ref().map(|fw| fw.origin.as_str()),
+        instancetype_ref: s.instancetype.as_deref().map(CapturedRef::of),
+        preference_ref: s.preference.as_deref().map(CapturedRef::of),
+        desired_generation: s.generation,
+        observed_generation: vmi.map(|v| v.vm_generation),
+        start_failure: (s.run.consecutive_failures > 0).then_some(StartFailure {
+            consecutive_fail_count: s.run.consecutive_failures,
+            retry_after_timestamp_ms: s.run.backoff_until_ms,
+        }),
+    })
+}
+
+/// A VM's derived `status` ([`vm_status`]), its keys in the order KubeVirt's are listed and
+/// vmplane's added after them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmStatus {
+    /// `Stopped`, `Running`, `Starting`, … ([`printable_status`]).
+    pub printable_status: &'static str,
+    /// Whether its VMI runs.
+    pub ready: bool,
+    /// Whether it has an active VMI.
+    pub created: bool,
+    /// Its run strategy, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_strategy: Option<&'static str>,
+    /// [`conditions`].
+    pub conditions: Vec<Condition>,
+    /// Where its firmware UUID came from.
+    #[serde(rename = "firmwareUUIDOrigin", skip_serializing_if = "Option::is_none")]
+    pub firmware_uuid_origin: Option<&'static str>,
+    /// The instancetype revision it captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instancetype_ref: Option<CapturedRef>,
+    /// The preference revision it captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preference_ref: Option<CapturedRef>,
+    /// Its generation.
+    pub desired_generation: u64,
+    /// The generation its VMI was started from, while it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<u64>,
+    /// Its VMIs that ended before running, while some did in a row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_failure: Option<StartFailure>,
+}
+
+/// `status.instancetypeRef` / `status.preferenceRef`: the captured revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CapturedRef {
+    /// The instancetype's or preference's name.
+    pub name: String,
+    /// Its kind (namespaced or cluster).
+    pub kind: &'static str,
+    /// Its generation when captured.
+    pub revision: u64,
+}
+
+impl CapturedRef {
+    fn of<T>(c: &crate::aggregate::vm::Captured<T>) -> CapturedRef {
+        CapturedRef {
+            name: c.name.clone(),
+            kind: c.kind.as_str(),
+            revision: c.source_generation,
+        }
     }
-    let conds: Vec<Value> = conditions(s, features, now_ms)
-        .iter()
-        .map(Condition::to_json)
-        .collect();
-    status.insert("conditions".into(), Value::Array(conds));
-    if let Some(fw) = &s.firmware {
-        status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
-    }
-    if let Some(c) = &s.instancetype {
-        status.insert(
-            "instancetypeRef".into(),
-            json!({"name": c.name, "kind": c.kind.as_str(), "revision": c.source_generation}),
-        );
-    }
-    if let Some(c) = &s.preference {
-        status.insert(
-            "preferenceRef".into(),
-            json!({"name": c.name, "kind": c.kind.as_str(), "revision": c.source_generation}),
-        );
-    }
-    status.insert("desiredGeneration".into(), json!(s.generation));
-    if let Some(v) = vmi {
-        status.insert("observedGeneration".into(), json!(v.vm_generation));
-    }
-    if s.run.consecutive_failures > 0 {
-        status.insert(
-            "startFailure".into(),
-            json!({"consecutiveFailCount": s.run.consecutive_failures, "retryAfterTimestampMs": s.run.backoff_until_ms}),
-        );
-    }
-    Some(Value::Object(status))
+}
+
+/// `status.startFailure`: the crash loop's count and when the next start may be tried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartFailure {
+    /// VMIs in a row that ended before running.
+    pub consecutive_fail_count: u32,
+    /// When the backoff ends (ms since the epoch; `null` without one).
+    pub retry_after_timestamp_ms: Option<i64>,
 }
 
 /// The VM's current VMI as `get vmi <name>` shows it: named like the VM, with the expanded

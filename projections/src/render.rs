@@ -6,8 +6,9 @@ use std::io::Write as _;
 
 use serde_json::{Map, Value, json};
 use vmplane_core::features::Features;
+use vmplane_core::lifecycle::{self, VmStatus};
 use vmplane_core::types::{Kind, VirtualMachineView};
-use vmplane_core::{VmState, VmiState, lifecycle};
+use vmplane_core::{VmState, VmiState};
 use vmplane_store::Position;
 
 use crate::model::{AggState, Snapshot, rfc3339};
@@ -119,7 +120,7 @@ pub fn render_once_json(
 }
 
 /// How a live VM's text, with its `status`, is made without its tree; `None` to take the tree.
-type VmText = fn(&Snapshot, &VmState, Value) -> Option<ObjectJson>;
+type VmText = fn(&Snapshot, &VmState, &VmStatus) -> Option<ObjectJson>;
 
 /// A live VM's text through `vm` where it gives one (a VM that is not live renders nothing);
 /// anything else through [`render`].
@@ -131,8 +132,8 @@ fn render_text(
     vm: VmText,
 ) -> Option<ObjectJson> {
     if let (AggState::Vm(s), Kind::VirtualMachine) = (&snapshot.state, kind) {
-        let status = lifecycle::render_status(s, features, now_ms)?;
-        if let Some(text) = vm(snapshot, s, status) {
+        let status = lifecycle::vm_status(s, features, now_ms)?;
+        if let Some(text) = vm(snapshot, s, &status) {
             return Some(text);
         }
     }
@@ -144,7 +145,7 @@ fn render_text(
 /// and the firmware identity to `domain.firmware` only where the stored object lacks them, so
 /// a stored object holding any of the first two, or lacking the firmware identity its state
 /// has (written before it was stored in the spec), takes the tree.
-fn render_vm_direct(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<ObjectJson> {
+fn render_vm_direct(snapshot: &Snapshot, s: &VmState, status: &VmStatus) -> Option<ObjectJson> {
     let vm = s.vm.as_deref()?;
     let mut meta = lifecycle::render_metadata(s)?;
     if meta.resource_version.is_some()
@@ -169,13 +170,13 @@ fn render_vm_direct(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<O
     if let Some(created) = snapshot.created_at_ns {
         extra.insert("creationTimestamp".into(), Value::String(rfc3339(created)));
     }
-    let json = serde_json::to_string(&VirtualMachineView::of(vm, &meta, Some(&status))).ok()?;
+    let json = serde_json::to_string(&VirtualMachineView::of(vm, &meta, Some(status))).ok()?;
     Some(vm_rendered(s, snapshot, json))
 }
 
 /// A VM rendered from its template: `Some(answer)`, or `None` when there is no usable
 /// template (the caller renders through the JSON tree instead).
-fn render_vm_json(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<ObjectJson> {
+fn render_vm_json(snapshot: &Snapshot, s: &VmState, status: &VmStatus) -> Option<ObjectJson> {
     let template = snapshot.vm_json.template(s, snapshot.created_at_ns)?;
     let (text, holes) = template.text.as_ref()?;
     let mut json = Vec::with_capacity(text.len() + 1024);
@@ -185,7 +186,7 @@ fn render_vm_json(snapshot: &Snapshot, s: &VmState, status: Value) -> Option<Obj
         at = *offset;
         match hole {
             // Compact JSON, as serializing the whole object writes it in place.
-            Hole::Status => serde_json::to_writer(&mut json, &status).ok()?,
+            Hole::Status => serde_json::to_writer(&mut json, status).ok()?,
             // A string of digits: nothing to escape.
             Hole::ResourceVersion => write!(json, "\"{}\"", snapshot.position.0).ok()?,
         }
@@ -621,9 +622,9 @@ mod tests {
             s.vm.as_ref()
                 .and_then(|vm| vm.firmware())
                 .is_some_and(|f| f.uuid.is_some() && f.serial.is_some());
-        let status = lifecycle::render_status(s, features, now_ms).expect("live");
+        let status = lifecycle::vm_status(s, features, now_ms).expect("live");
         assert_eq!(
-            render_vm_direct(&fresh, s, status).is_some(),
+            render_vm_direct(&fresh, s, &status).is_some(),
             stored,
             "serialized without the tree"
         );

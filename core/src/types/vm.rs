@@ -31,7 +31,7 @@ pub struct VirtualMachine {
 /// without copying its spec.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct VirtualMachineView<'a> {
+pub struct VirtualMachineView<'a, S: Serialize = Value> {
     /// The stored object's `apiVersion`.
     pub api_version: &'a str,
     /// The stored object's `kind`.
@@ -42,15 +42,16 @@ pub struct VirtualMachineView<'a> {
     pub spec: &'a VirtualMachineSpec,
     /// The status to show, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<&'a Value>,
+    pub status: Option<&'a S>,
     /// The stored object's unknown top-level fields.
     #[serde(flatten)]
     pub extra: &'a JsonMap,
 }
 
-impl<'a> VirtualMachineView<'a> {
-    /// `vm` shown with `metadata` and `status`.
-    pub fn of(vm: &'a VirtualMachine, metadata: &'a ObjectMeta, status: Option<&'a Value>) -> Self {
+impl<'a, S: Serialize> VirtualMachineView<'a, S> {
+    /// `vm` shown with `metadata` and `status` (a JSON value, or anything that serializes to
+    /// one, such as [`crate::lifecycle::VmStatus`]).
+    pub fn of(vm: &'a VirtualMachine, metadata: &'a ObjectMeta, status: Option<&'a S>) -> Self {
         VirtualMachineView {
             api_version: &vm.api_version,
             kind: &vm.kind,

@@ -645,3 +645,49 @@ fn the_vmi_of_a_run_carries_the_expanded_spec() {
     assert_eq!(vmi.status.as_ref().unwrap()["nodeName"], "node-1");
     assert_eq!(vmi.status.as_ref().unwrap()["phase"], "Scheduled");
 }
+
+#[test]
+fn a_vm_status_text_lists_kubevirts_keys_in_order_then_vmplanes() {
+    let mut s = Scenario::new();
+    s.ok(put(
+        referencing("u1.medium", Some("fedora")),
+        Some(u1("medium")),
+        Some(cluster_pref("fedora")),
+    ));
+    s.ok(VmCommand::Start { paused: false });
+    s.ok(launch());
+    s.observe(event::VmiPhase::Failed);
+    let uid = s.state().run.vmi.as_ref().expect("a VMI").uid;
+    s.ok(VmCommand::ObserveVmi {
+        vmi_uid: uid,
+        observation: VmiObservation::Removed,
+    });
+    let (state, features, now) = (s.state(), Features::defaults(), s.ctx.now_ms());
+    let typed = lifecycle::vm_status(&state, &features, now).expect("live");
+    let text = serde_json::to_string(&typed).expect("serializes");
+    let retry = state.run.backoff_until_ms.expect("a backoff");
+    let uuid_origin = state.firmware.as_ref().expect("firmware").origin.as_str();
+    assert_eq!(
+        text,
+        format!(
+            concat!(
+                r#"{{"printableStatus":"CrashLoopBackOff","ready":false,"created":false,"#,
+                r#""runStrategy":"Always","conditions":[{{"type":"Ready","status":"False","#,
+                r#""reason":"VMINotExists","message":"VMI does not exist"}},"#,
+                r#"{{"type":"Failure","status":"True","reason":"CrashLoopBackOff","#,
+                r#""message":"1 VMI(s) in a row ended before running; next start in {secs} s"}}],"#,
+                r#""firmwareUUIDOrigin":"{origin}","#,
+                r#""instancetypeRef":{{"name":"u1.medium","kind":"VirtualMachineClusterInstancetype","revision":0}},"#,
+                r#""preferenceRef":{{"name":"fedora","kind":"VirtualMachineClusterPreference","revision":0}},"#,
+                r#""desiredGeneration":2,"startFailure":{{"consecutiveFailCount":1,"#,
+                r#""retryAfterTimestampMs":{retry}}}}}"#
+            ),
+            secs = (retry - now) / 1000,
+            origin = uuid_origin,
+            retry = retry,
+        )
+    );
+    // The tree the other renderings use is the same JSON, keys in the same order.
+    let tree = lifecycle::render_status(&state, &features, now).expect("live");
+    assert_eq!(tree.to_string(), text);
+}
