@@ -55,6 +55,11 @@ struct Inner {
 /// Cached `(state, revision)` per stream, shared by the read models and the command path.
 pub struct StateCache {
     inner: Mutex<Inner>,
+    /// Streams evicted and not freed yet: freeing a folded state is hundreds of deallocations,
+    /// and the thread that evicts is usually answering a write (each new stream's put evicts
+    /// once the cache is full), so [`StateCache::reap`] frees them later on a thread of its
+    /// own. Bounded: past [`StateCache::evicted_max`], an eviction frees its streams itself.
+    evicted: Mutex<Vec<CachedStream>>,
     options: CacheOptions,
 }
 
@@ -75,6 +80,7 @@ impl StateCache {
                 streams: HashMap::default(),
                 tick: 0,
             }),
+            evicted: Mutex::new(Vec::new()),
             options: CacheOptions {
                 snapshot_every_revisions: options.snapshot_every_revisions.max(1),
                 streams_max: options.streams_max.max(1),
@@ -93,6 +99,23 @@ impl StateCache {
     pub fn clear(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.streams.clear();
+        drop(inner);
+        self.reap();
+    }
+
+    /// Frees the streams evicted since the last call (see [`StateCache::put`]); returns how
+    /// many. The projection follower calls it after each pass.
+    pub fn reap(&self) -> usize {
+        let evicted =
+            std::mem::take(&mut *self.evicted.lock().unwrap_or_else(PoisonError::into_inner));
+        evicted.len()
+    }
+
+    /// Evicted streams kept for [`StateCache::reap`] at most: a quarter of the cache, many
+    /// evictions' worth (each drops 1/[`EVICT_FRACTION`] of it), so memory stays bounded when
+    /// nothing reaps.
+    fn evicted_max(&self) -> usize {
+        self.options.streams_max / 4
     }
 
     /// Streams with cached snapshots.
@@ -236,7 +259,9 @@ impl StateCache {
     }
 
     /// Keeps `snapshot` as `stream`'s state at its revision (the command path hands over the
-    /// state it just wrote, folded from the log's own records of the write).
+    /// state it just wrote, folded from the log's own records of the write). Streams evicted
+    /// to make room are freed by the next [`StateCache::reap`], not by this call, unless too
+    /// many wait for it already.
     pub fn put(&self, stream: &str, kind: Kind, snapshot: Arc<Snapshot>) {
         self.insert(stream, kind, Vec::new(), snapshot, Admit::Always);
     }
@@ -309,10 +334,15 @@ impl StateCache {
             }
         }
         if inner.streams.len() > self.options.streams_max {
-            let dropped = evict(&mut inner.streams, self.options.streams_max);
-            // Freed after the lock is released: dropping hundreds of folded states is not
-            // work the other readers should wait for.
+            let mut dropped = evict(&mut inner.streams, self.options.streams_max);
+            // Never freed under the lock: dropping hundreds of folded states is not work the
+            // other readers should wait for. Left to `reap` while it keeps up.
             drop(inner);
+            let mut evicted = self.evicted.lock().unwrap_or_else(PoisonError::into_inner);
+            if evicted.len() + dropped.len() <= self.evicted_max() {
+                evicted.append(&mut dropped);
+            }
+            drop(evicted);
             drop(dropped);
         }
     }
@@ -479,6 +509,40 @@ mod tests {
         for i in 11..=640 {
             assert!(cached(&cache, &format!("vm-{i}")), "vm-{i} was dropped");
         }
+    }
+
+    #[test]
+    fn evicted_states_are_freed_by_reap_and_by_the_eviction_itself_past_the_bound() {
+        let cache = cache(256);
+        let first = Arc::new(Snapshot::empty(Kind::VirtualMachine));
+        let weak = Arc::downgrade(&first);
+        cache.put("vm/ns/first", Kind::VirtualMachine, first);
+        for i in 0..256 {
+            put(&cache, &format!("vm-{i}"));
+        }
+        // Evicted (the least recently put), not freed yet: `reap` frees it.
+        assert!(!cached(&cache, "first"));
+        assert!(weak.upgrade().is_some(), "freed by the put that evicted it");
+        assert_eq!(cache.reap(), 5, "256 / 64 = 4 below the bound, plus one");
+        assert!(weak.upgrade().is_none(), "still held after reap");
+        assert_eq!(cache.reap(), 0);
+        // Nobody reaps: at most a quarter of the cache waits; later evictions free their own.
+        let late = Arc::new(Snapshot::empty(Kind::VirtualMachine));
+        let late_weak = Arc::downgrade(&late);
+        for i in 256..1024 {
+            put(&cache, &format!("vm-{i}"));
+        }
+        cache.put("vm/ns/late", Kind::VirtualMachine, late);
+        for i in 1024..2048 {
+            put(&cache, &format!("vm-{i}"));
+        }
+        assert!(!cached(&cache, "late"));
+        assert!(late_weak.upgrade().is_none(), "kept past the bound");
+        let waiting = cache.reap();
+        assert!(
+            waiting > 0 && waiting <= 64,
+            "{waiting} evicted streams waited"
+        );
     }
 
     #[test]

@@ -442,6 +442,9 @@ impl Projections {
                     tracing::error!(error = %e, "projection follower: catching up failed");
                     std::thread::sleep(Duration::from_millis(200));
                 }
+                // The states the command path evicted meanwhile, freed here rather than on
+                // the thread answering a write.
+                this.cache.reap();
                 // The rest of the interval: the commits meanwhile are folded in one pass.
                 let left = interval.saturating_sub(started.elapsed());
                 if !left.is_zero() && !stop.load(Ordering::Relaxed) {
