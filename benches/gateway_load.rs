@@ -27,7 +27,9 @@
 //! brackets, the part the load clients' own threads spent (the rest is the server's) — figures
 //! that hold still when other work shares the machine — and creates/s as a ratio of its rate.
 //! With `GATEWAY_LOAD_TAIL` set, each phase also prints its latency tail (p90 to max) and when
-//! its slowest 1% were sent, per 100 ms of the run (stalls show as a few crowded windows).
+//! its slowest 1% were sent, per 20 ms of the run, each window with the requests answered before
+//! it (stalls show as a few crowded windows; a stall at the same count in every run grows with
+//! the data).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -230,7 +232,7 @@ async fn drive(
 }
 
 /// With `GATEWAY_LOAD_TAIL` set: the latency tail of a phase, and when its slowest 1% were
-/// sent (per 100 ms of the run), to tell a tail spread over the run from one made of stalls.
+/// sent (per 20 ms of the run), to tell a tail spread over the run from one made of stalls.
 fn print_tail(requests: &[(Duration, Duration)]) {
     let mut sorted: Vec<Duration> = requests.iter().map(|(_, latency)| *latency).collect();
     sorted.sort();
@@ -247,12 +249,20 @@ fn print_tail(requests: &[(Duration, Duration)]) {
     let mut windows = std::collections::BTreeMap::<u128, usize>::new();
     for (sent, latency) in requests {
         if *latency >= p99 {
-            *windows.entry(sent.as_millis() / 100).or_default() += 1;
+            *windows.entry(sent.as_millis() / 20).or_default() += 1;
         }
     }
+    // Requests answered before each window began: a stall at the same count in every run
+    // points at something that grows with the data (a table outgrowing its allocation).
+    let mut answered: Vec<Duration> = requests.iter().map(|(s, l)| *s + *l).collect();
+    answered.sort();
     let spread: Vec<String> = windows
         .iter()
-        .map(|(w, n)| format!("{:.1}s:{n}", *w as f64 / 10.0))
+        .map(|(w, n)| {
+            let start = Duration::from_millis(u64::try_from(*w * 20).unwrap_or(u64::MAX));
+            let before = answered.partition_point(|a| *a < start);
+            format!("{:.2}s:{n}@{before}", *w as f64 / 50.0)
+        })
         .collect();
     eprintln!("slowest 1% sent at: {}", spread.join(" "));
 }
