@@ -69,6 +69,7 @@
 
 pub mod cache;
 pub mod checkpoint;
+mod chunked;
 pub mod command;
 pub mod error;
 pub mod features;

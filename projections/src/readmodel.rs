@@ -7,7 +7,7 @@
 //! revisions) are *settled* lazily: an event that may change them marks the entry dirty, and
 //! the queries over those indexes (and the digest) settle dirty entries first.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -15,9 +15,10 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 use vmplane_core::types::Kind;
 use vmplane_core::{Event, VmState};
-use vmplane_store::{EventLog, Position, RecordedEventRef};
+use vmplane_store::{EventLog, Position, RecordedEventRef, ShardedMap};
 
 use crate::cache::StateCache;
+use crate::chunked::ChunkedVec;
 use crate::error::{Error, Result};
 use crate::features::state_features;
 use crate::model::{AggState, decode, parse_stream};
@@ -319,7 +320,7 @@ pub(crate) struct ModelData {
     /// Hex of the hash of the event at `applied` (zeros for 0): a checkpoint matches a log only
     /// if the log has that very event there.
     pub applied_hash: String,
-    pub entries: Vec<Entry>,
+    pub entries: ChunkedVec<Entry>,
 }
 
 /// [`ModelData`] borrowed from a live model, for writing a checkpoint without copying it
@@ -328,14 +329,16 @@ pub(crate) struct ModelData {
 pub(crate) struct PersistedRef<'a> {
     pub applied: u64,
     pub applied_hash: String,
-    pub entries: &'a [Entry],
+    pub entries: &'a ChunkedVec<Entry>,
 }
 
-/// Entries plus indexes.
+/// Entries plus indexes. The follower grows them under the read model's write lock, so none
+/// moves everything it holds at once as it grows (a stall of every read): the entries are a
+/// [`ChunkedVec`] and the hash indexes [`ShardedMap`]s.
 #[derive(Debug, Default)]
 pub(crate) struct ReadModel {
     pub data: ModelData,
-    by_stream: HashMap<Arc<str>, u32, foldhash::fast::RandomState>,
+    by_stream: ShardedMap<Arc<str>, u32>,
     /// `(kind index, namespace, name)` → entry.
     pub by_name: BTreeMap<NameKey, u32>,
     /// Names of entries made by the fold and not in `by_name` yet: they are added together
@@ -343,7 +346,7 @@ pub(crate) struct ReadModel {
     /// in one go from sorted keys instead of one insertion per stream).
     pending_names: Vec<(NameKey, u32)>,
     /// Live firmware UUID → entry.
-    pub firmware: HashMap<Uuid, u32, foldhash::fast::RandomState>,
+    pub firmware: ShardedMap<Uuid, u32>,
     features: BTreeMap<String, BTreeSet<u32>>,
     revisions: BTreeMap<RevisionRef, BTreeSet<u32>>,
     dirty: BTreeSet<u32>,

@@ -73,6 +73,7 @@ mod group;
 pub mod hash;
 pub mod head_record;
 pub mod log;
+pub mod shards;
 pub mod sled_log;
 pub mod submit;
 pub mod types;
@@ -83,6 +84,7 @@ pub mod contract;
 pub use error::{Error, Result};
 pub use file_log::{FileLog, FileOptions};
 pub use log::{EventLog, FencedLog, PayloadValidator, Subscription, Visitor, check_request};
+pub use shards::ShardedMap;
 pub use sled_log::{Clock, CommitStats, SledLog, SledOptions};
 pub use submit::{Appended, PendingAppend, Submitted};
 pub use types::{

@@ -33,7 +33,6 @@
 mod commit;
 pub mod import;
 pub mod record;
-mod shards;
 mod tips;
 
 use std::collections::VecDeque;
@@ -66,8 +65,8 @@ use crate::types::{
     Timestamp, VerifyReport,
 };
 
+use crate::shards::ShardedMap;
 use record::{ClaimChange, FRAME_BYTES, HEADER};
-use shards::ShardedMap;
 use tips::Tips;
 
 /// The log's file inside its directory.

@@ -10,7 +10,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use foldhash::fast::RandomState;
 
-use super::shards::SHARDS;
+use crate::shards::SHARDS;
 use crate::types::Revision;
 
 /// One of the maps, with its lock.

@@ -2,7 +2,9 @@
 //! stream, event id and claim): a single map that outgrows its table moves every entry to a
 //! new one at once, and the committer does that under the indexes' write lock, stalling every
 //! commit and every reader for milliseconds (10–27 ms at 60,000–120,000 entries were seen).
-//! Spread over [`SHARDS`] maps, each grows on its own, at a sixty-fourth of the size.
+//! Spread over [`SHARDS`] maps, each grows on its own, at a sixty-fourth of the size. The
+//! file log's indexes use it, and so do the projections' read model indexes (one entry per
+//! stream, grown by the projection follower under the read model's lock).
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -12,11 +14,11 @@ use std::hash::{BuildHasher, Hash};
 use foldhash::fast::RandomState;
 
 /// Maps an index is spread over (a power of two).
-pub(super) const SHARDS: usize = 64;
+pub const SHARDS: usize = 64;
 
 /// A `HashMap<K, V>` spread over [`SHARDS`] maps by a hash of its own (each map hashes with
 /// another key, so the keys of one map still spread over its table).
-pub(super) struct ShardedMap<K, V> {
+pub struct ShardedMap<K, V> {
     hasher: RandomState,
     shards: Box<[HashMap<K, V, RandomState>]>,
 }
@@ -32,13 +34,22 @@ impl<K: Hash + Eq, V> Default for ShardedMap<K, V> {
     }
 }
 
+impl<K: std::fmt::Debug, V: std::fmt::Debug> std::fmt::Debug for ShardedMap<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.shards.iter().flat_map(HashMap::iter))
+            .finish()
+    }
+}
+
 impl<K: Hash + Eq, V> ShardedMap<K, V> {
     /// The shard of `key` (a borrowed form hashes as the key does).
-    pub(super) fn shard_of<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
+    pub fn shard_of<Q: Hash + ?Sized>(&self, key: &Q) -> usize {
         self.hasher.hash_one(key) as usize % SHARDS
     }
 
-    pub(super) fn get<Q>(&self, key: &Q) -> Option<&V>
+    /// The value of `key`, if any.
+    pub fn get<Q>(&self, key: &Q) -> Option<&V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -46,7 +57,8 @@ impl<K: Hash + Eq, V> ShardedMap<K, V> {
         self.shards[self.shard_of(key)].get(key)
     }
 
-    pub(super) fn get_key_value<Q>(&self, key: &Q) -> Option<(&K, &V)>
+    /// The key as stored and the value of `key`, if any.
+    pub fn get_key_value<Q>(&self, key: &Q) -> Option<(&K, &V)>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -54,7 +66,8 @@ impl<K: Hash + Eq, V> ShardedMap<K, V> {
         self.shards[self.shard_of(key)].get_key_value(key)
     }
 
-    pub(super) fn contains_key<Q>(&self, key: &Q) -> bool
+    /// Whether `key` has a value.
+    pub fn contains_key<Q>(&self, key: &Q) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -62,12 +75,14 @@ impl<K: Hash + Eq, V> ShardedMap<K, V> {
         self.shards[self.shard_of(key)].contains_key(key)
     }
 
-    pub(super) fn insert(&mut self, key: K, value: V) -> Option<V> {
+    /// Sets `key`'s value; returns the one it replaced.
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         let at = self.shard_of(&key);
         self.shards[at].insert(key, value)
     }
 
-    pub(super) fn remove<Q>(&mut self, key: &Q) -> Option<V>
+    /// Removes `key`; returns its value.
+    pub fn remove<Q>(&mut self, key: &Q) -> Option<V>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -76,19 +91,33 @@ impl<K: Hash + Eq, V> ShardedMap<K, V> {
         self.shards[at].remove(key)
     }
 
-    pub(super) fn entry(&mut self, key: K) -> Entry<'_, K, V> {
+    /// `key`'s entry in its shard.
+    pub fn entry(&mut self, key: K) -> Entry<'_, K, V> {
         let at = self.shard_of(&key);
         self.shards[at].entry(key)
     }
 
     /// Every entry, shard by shard (in no useful order).
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.shards.iter().flat_map(HashMap::iter)
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// Entries in all shards.
+    pub fn len(&self) -> usize {
         self.shards.iter().map(HashMap::len).sum()
+    }
+
+    /// Whether no shard holds an entry.
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(HashMap::is_empty)
+    }
+
+    /// Room for `additional` more entries, spread as the keys are.
+    pub fn reserve(&mut self, additional: usize) {
+        let each = additional.div_ceil(SHARDS);
+        for shard in self.shards.iter_mut() {
+            shard.reserve(each);
+        }
     }
 }
 
