@@ -315,31 +315,13 @@ pub struct Condition {
     pub message: String,
 }
 
-impl Condition {
-    /// `{type, status, reason, message}` as KubeVirt writes it.
-    pub fn to_json(&self) -> Value {
-        // Built at its final size (`json!` grows a map one key at a time).
-        let mut map = serde_json::Map::with_capacity(4);
-        map.insert("type".into(), Value::String(self.kind.to_owned()));
-        map.insert("status".into(), Value::String(self.status_str().to_owned()));
-        map.insert("reason".into(), Value::String(self.reason.clone()));
-        map.insert("message".into(), Value::String(self.message.clone()));
-        Value::Object(map)
-    }
-
-    /// `True` / `False`.
-    fn status_str(&self) -> &'static str {
-        if self.status { "True" } else { "False" }
-    }
-}
-
-/// The JSON of [`Condition::to_json`], written without building it.
+/// `{type, status, reason, message}` as KubeVirt writes it (`status` is `True` / `False`).
 impl Serialize for Condition {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let mut out = serializer.serialize_struct("Condition", 4)?;
         out.serialize_field("type", self.kind)?;
-        out.serialize_field("status", self.status_str())?;
+        out.serialize_field("status", if self.status { "True" } else { "False" })?;
         out.serialize_field("reason", &self.reason)?;
         out.serialize_field("message", &self.message)?;
         out.end()

@@ -455,7 +455,7 @@ fn render_vm_vmi(snapshot: &Snapshot, s: &VmState) -> Option<ObjectView> {
     }
     status.insert(
         "conditions".into(),
-        json!([vmplane_core::lifecycle::vmi_ready(run).to_json()]),
+        json!([vmplane_core::lifecycle::vmi_ready(run)]),
     );
     let object = json!({
         "apiVersion": "kubevirt.io/v1",
@@ -496,12 +496,9 @@ fn render_vmi(snapshot: &Snapshot, s: &VmiState, features: &Features) -> Option<
         status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
     }
     // Derived, like every status: a Pending VMI that requests a disabled feature says so.
-    let conditions: Vec<Value> = vmplane_core::lifecycle::vmi_conditions(s, features)
-        .iter()
-        .map(vmplane_core::lifecycle::Condition::to_json)
-        .collect();
+    let conditions = vmplane_core::lifecycle::vmi_conditions(s, features);
     if !conditions.is_empty() {
-        status.insert("conditions".into(), Value::Array(conditions));
+        status.insert("conditions".into(), serde_json::to_value(conditions).ok()?);
     }
     vmi.status = Some(Value::Object(status));
     let mut object = serde_json::to_value(&vmi).ok()?;
