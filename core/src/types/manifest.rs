@@ -436,7 +436,20 @@ pub fn parse_manifests(input: &[u8]) -> Result<Vec<Manifest>, ParseError> {
 }
 
 /// Parses exactly one manifest.
+///
+/// A small JSON object (what gRPC clients and the load generator send) is read straight into
+/// its type, without the JSON tree and the path-tracking layer (about half the time). Whenever
+/// that fast reading cannot give exactly what the general path gives, the general path runs:
+/// so the result, and every error with its field path, is the general path's.
 pub fn parse_manifest(input: &[u8]) -> Result<Manifest, ParseError> {
+    match std::str::from_utf8(input).ok().and_then(parse_json_fast) {
+        Some(manifest) => Ok(manifest),
+        None => parse_manifest_general(input),
+    }
+}
+
+/// [`parse_manifest`] through the JSON tree, for any input.
+fn parse_manifest_general(input: &[u8]) -> Result<Manifest, ParseError> {
     let mut all = parse_manifests(input)?;
     match all.len() {
         1 => Ok(all.remove(0)),
@@ -444,6 +457,78 @@ pub fn parse_manifest(input: &[u8]) -> Result<Manifest, ParseError> {
             document: 0,
             message: format!("expected one document, found {n}"),
         }),
+    }
+}
+
+/// Largest input [`parse_json_fast`] reads: a JSON text of this many bytes cannot hold more
+/// nodes than [`MANIFEST_NODES_MAX`] (each takes at least a byte) nor a string or key longer than
+/// [`MANIFEST_STRING_BYTES_MAX`], so only the depth limit is left to check.
+const FAST_JSON_BYTES_MAX: usize = if MANIFEST_NODES_MAX < MANIFEST_STRING_BYTES_MAX {
+    MANIFEST_NODES_MAX
+} else {
+    MANIFEST_STRING_BYTES_MAX
+};
+
+/// `apiVersion` and `kind`, borrowed from the text (a value with escapes is not borrowable:
+/// the general path takes it).
+#[derive(Deserialize)]
+struct TypeHeader<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'a str,
+}
+
+/// One JSON object read straight into its type, or `None` to leave it to the general path
+/// ([`parse_documents`] + [`Manifest::from_value`]), which then gives the same result or the
+/// error with its field path. `None` whenever the two could differ:
+/// - not one small JSON object: over [`FAST_JSON_BYTES_MAX`] (the node and string limits),
+///   brackets nested deeper than the depth limit allows, not starting with `{`, or trailing
+///   input (a second document);
+/// - no string `apiVersion` and `kind`, or a kind vmplane does not know;
+/// - any error from the typed reading, including a key given twice in one object (the JSON
+///   tree keeps the last, a typed struct refuses it; maps keep the last either way).
+fn parse_json_fast(text: &str) -> Option<Manifest> {
+    if text.len() > FAST_JSON_BYTES_MAX || !text.trim_start().starts_with('{') {
+        return None;
+    }
+    // A scalar sits one level below its object: brackets nested at most one less than the
+    // limit keep every node within it (the count is exact for valid JSON; invalid JSON fails
+    // below).
+    if flow_depth_over(text, MANIFEST_DEPTH_MAX - 1).is_some() {
+        return None;
+    }
+    let header: TypeHeader<'_> = serde_json::from_str(text).ok()?;
+    let kind = Kind::from_api(header.api_version, header.kind)?;
+    Manifest::of_kind(kind, JsonText(text)).ok()
+}
+
+/// Where [`Manifest::of_kind`] reads the typed object from.
+trait TypedSource {
+    type Error;
+    fn typed<T: serde::de::DeserializeOwned>(self) -> Result<T, Self::Error>;
+}
+
+/// A parsed document (the general path): errors carry the field path.
+struct ParsedDocument {
+    document: usize,
+    value: Value,
+}
+
+impl TypedSource for ParsedDocument {
+    type Error = ParseError;
+    fn typed<T: serde::de::DeserializeOwned>(self) -> Result<T, ParseError> {
+        typed(self.document, self.value)
+    }
+}
+
+/// JSON text read straight into the type (the fast path): errors are only a signal to take
+/// the general path.
+struct JsonText<'a>(&'a str);
+
+impl TypedSource for JsonText<'_> {
+    type Error = serde_json::Error;
+    fn typed<T: serde::de::DeserializeOwned>(self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.0)
     }
 }
 
@@ -530,18 +615,23 @@ impl Manifest {
             api_version,
             kind: kind_str,
         })?;
+        Self::of_kind(kind, ParsedDocument { document, value: v })
+    }
+
+    /// The typed object of `kind`, read from `source`.
+    fn of_kind<S: TypedSource>(kind: Kind, source: S) -> Result<Manifest, S::Error> {
         Ok(match kind {
-            Kind::VirtualMachine => Manifest::VirtualMachine(Box::new(typed(document, v)?)),
+            Kind::VirtualMachine => Manifest::VirtualMachine(Box::new(source.typed()?)),
             Kind::VirtualMachineInstance => {
-                Manifest::VirtualMachineInstance(Box::new(typed(document, v)?))
+                Manifest::VirtualMachineInstance(Box::new(source.typed()?))
             }
             Kind::VirtualMachineInstancetype | Kind::VirtualMachineClusterInstancetype => {
-                Manifest::Instancetype(Box::new(typed(document, v)?))
+                Manifest::Instancetype(Box::new(source.typed()?))
             }
             Kind::VirtualMachinePreference | Kind::VirtualMachineClusterPreference => {
-                Manifest::Preference(Box::new(typed(document, v)?))
+                Manifest::Preference(Box::new(source.typed()?))
             }
-            other => Manifest::Object(other, Box::new(typed(document, v)?)),
+            other => Manifest::Object(other, Box::new(source.typed()?)),
         })
     }
 
@@ -656,5 +746,92 @@ mod rejection_tests {
                 expected.split(':').next().unwrap_or_default()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod fast_json_tests {
+    use super::*;
+
+    fn general(text: &str) -> Result<Manifest, ParseError> {
+        parse_manifest_general(text.as_bytes())
+    }
+
+    const VM: &str = r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{"name":"vm-1","namespace":"load","labels":{"app":"x"}},"spec":{"runStrategy":"Halted","template":{"spec":{"domain":{"cpu":{"cores":1},"memory":{"guest":"128Mi"},"devices":{"disks":[{"name":"root","disk":{"bus":"virtio"}}]}},"volumes":[{"name":"root","containerDisk":{"image":"quay.io/containerdisks/fedora:40"}}]}}}}"#;
+
+    #[test]
+    fn a_small_json_object_is_read_straight_into_what_the_general_path_gives() {
+        let instancetype = r#"{"apiVersion":"instancetype.kubevirt.io/v1beta1","kind":"VirtualMachineClusterInstancetype","metadata":{"name":"u1.small"},"spec":{"cpu":{"guest":1},"memory":{"guest":"2Gi"}}}"#;
+        let kubevirt = r#"{"apiVersion":"kubevirt.io/v1","kind":"KubeVirt","metadata":{"name":"kubevirt","namespace":"kubevirt"},"spec":{"configuration":{"developerConfiguration":{"featureGates":["Snapshot"]}}}}"#;
+        let pretty =
+            serde_json::to_string_pretty(&serde_json::from_str::<Value>(VM).unwrap()).unwrap();
+        for text in [VM, instancetype, kubevirt, &format!("  \n{pretty}\n")] {
+            let fast = parse_json_fast(text).unwrap_or_else(|| panic!("not read fast: {text}"));
+            assert_eq!(fast, general(text).unwrap(), "{text}");
+            assert_eq!(parse_manifest(text.as_bytes()).unwrap(), fast);
+        }
+    }
+
+    #[test]
+    fn what_the_two_paths_could_read_differently_is_left_to_the_general_path() {
+        let nested = |brackets: usize| {
+            // `metadata.annotations` is a map of strings: nesting under it is a type error
+            // for both paths, so the depth limit decides which error comes first.
+            format!(
+                r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"a","annotations":{}"x"{}}}}}"#,
+                "[".repeat(brackets - 3),
+                "]".repeat(brackets - 3)
+            )
+        };
+        let cases = [
+            // A key given twice: the tree keeps the last, a typed struct refuses it.
+            VM.replace(r#""name":"vm-1""#, r#""name":"vm-1","name":"vm-2""#),
+            // A field of the wrong type: the error must carry the general path's field path.
+            VM.replace(r#""cores":1"#, r#""cores":"one""#),
+            // Two documents.
+            format!("{VM}\n{VM}"),
+            // Not an object.
+            format!("[{VM}]"),
+            // An unknown kind, a missing kind, an escaped apiVersion.
+            VM.replace(r#""kind":"VirtualMachine""#, r#""kind":"Gadget""#),
+            VM.replace(r#""kind":"VirtualMachine","#, ""),
+            VM.replace("kubevirt.io/v1", r"kubevirt.io\/v1"),
+            // Brackets nested to one below the depth limit (a type error under `annotations`)
+            // and to the limit (a scalar one deeper: refused as too deep).
+            nested(MANIFEST_DEPTH_MAX),
+            nested(MANIFEST_DEPTH_MAX + 1),
+            // Larger than the node limit can be exceeded by.
+            VM.replace(
+                r#""app":"x""#,
+                &format!(r#""app":"{}""#, "x".repeat(FAST_JSON_BYTES_MAX)),
+            ),
+        ];
+        for text in &cases {
+            assert!(parse_json_fast(text).is_none(), "read fast: {text:.200}");
+            assert_eq!(
+                parse_manifest(text.as_bytes()),
+                general(text),
+                "{text:.200}"
+            );
+        }
+        // The same results as before the fast path, spelled out.
+        assert_eq!(
+            parse_manifest(cases[0].as_bytes())
+                .unwrap()
+                .metadata()
+                .name_str(),
+            "vm-2"
+        );
+        match parse_manifest(cases[1].as_bytes()) {
+            Err(ParseError::Field { path, .. }) => {
+                assert_eq!(path, "spec.template.spec.domain.cpu.cores")
+            }
+            other => panic!("expected a field error, got {other:?}"),
+        }
+        assert!(matches!(
+            parse_manifest(cases[8].as_bytes()),
+            Err(ParseError::TooComplex { .. })
+        ));
+        assert!(parse_manifest(cases[9].as_bytes()).is_ok());
     }
 }

@@ -46,6 +46,30 @@ fn every_testdata_yaml_parses_and_round_trips_without_loss() {
 }
 
 #[test]
+fn every_testdata_document_sent_as_json_reads_as_its_yaml_does() {
+    // A gRPC client sends one JSON object per request; `parse_manifest` reads small ones
+    // straight into their type. Whatever it reads must be what the YAML gives.
+    let mut documents = 0;
+    for path in testdata_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let manifests = parse_manifests(text.as_bytes()).unwrap();
+        for (i, from_yaml) in manifests.iter().enumerate() {
+            let value = from_yaml.to_value();
+            for json in [
+                serde_json::to_string(&value).unwrap(),
+                serde_json::to_string_pretty(&value).unwrap(),
+            ] {
+                let from_json = parse_manifest(json.as_bytes())
+                    .unwrap_or_else(|e| panic!("{} #{i}: {e}", path.display()));
+                assert_eq!(&from_json, from_yaml, "{} #{i}", path.display());
+            }
+            documents += 1;
+        }
+    }
+    assert!(documents >= 150, "{documents} documents");
+}
+
+#[test]
 fn kinds_in_testdata_are_dispatched() {
     let it = load(CLUSTER_INSTANCETYPES);
     assert_eq!(it.len(), 65);
