@@ -6,7 +6,7 @@
 //! and current reads). Everything here is a cache: it is filled from the log on a miss, nothing
 //! is ever only here, and a rebuild never reads it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use std::ops::ControlFlow;
@@ -40,6 +40,8 @@ impl Default for CacheOptions {
 }
 
 struct CachedStream {
+    /// The stream's name, shared with the map's key and the use queue's entries.
+    key: Arc<str>,
     kind: Kind,
     snapshots: BTreeMap<u64, Arc<Snapshot>>,
     /// The non-periodic snapshot (the latest loaded revision), if any.
@@ -48,9 +50,36 @@ struct CachedStream {
 }
 
 struct Inner {
-    streams: HashMap<String, CachedStream, foldhash::fast::RandomState>,
+    streams: HashMap<Arc<str>, CachedStream, foldhash::fast::RandomState>,
     tick: u64,
+    /// Every use of a stream, oldest first: `(tick, stream)`. An entry is current while the
+    /// stream's `used` is still its tick; a later use leaves it stale. Eviction pops from the
+    /// front (the least recently used first) instead of going over every cached stream.
+    uses: VecDeque<(u64, Arc<str>)>,
 }
+
+impl Inner {
+    /// Marks `cached` as used now: a new tick, and an entry in the use queue.
+    fn touch(tick: u64, cached: &mut CachedStream, uses: &mut VecDeque<(u64, Arc<str>)>) {
+        cached.used = tick;
+        uses.push_back((tick, Arc::clone(&cached.key)));
+    }
+
+    /// Drops the stale entries once they outnumber the current ones (one per stream): the
+    /// queue stays within about twice the streams cached, at an amortized constant cost per
+    /// use.
+    fn compact_uses(&mut self) {
+        if self.uses.len() <= 2 * self.streams.len() + USES_SLACK {
+            return;
+        }
+        let streams = &self.streams;
+        self.uses
+            .retain(|(tick, key)| streams.get(key).is_some_and(|c| c.used == *tick));
+    }
+}
+
+/// Use queue entries allowed beyond twice the streams cached before stale ones are dropped.
+const USES_SLACK: usize = 64;
 
 /// Cached `(state, revision)` per stream, shared by the read models and the command path.
 pub struct StateCache {
@@ -79,6 +108,7 @@ impl StateCache {
             inner: Mutex::new(Inner {
                 streams: HashMap::default(),
                 tick: 0,
+                uses: VecDeque::new(),
             }),
             evicted: Mutex::new(Vec::new()),
             options: CacheOptions {
@@ -99,6 +129,7 @@ impl StateCache {
     pub fn clear(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.streams.clear();
+        inner.uses.clear();
         drop(inner);
         self.reap();
     }
@@ -181,9 +212,10 @@ impl StateCache {
             let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             inner.tick += 1;
             let tick = inner.tick;
-            match inner.streams.get_mut(stream) {
+            let Inner { streams, uses, .. } = &mut *inner;
+            let base = match streams.get_mut(stream) {
                 Some(cached) if cached.kind == kind => {
-                    cached.used = tick;
+                    Inner::touch(tick, cached, uses);
                     cached
                         .snapshots
                         .range(..=revision)
@@ -191,7 +223,9 @@ impl StateCache {
                         .map(|(_, s)| Arc::clone(s))
                 }
                 _ => None,
-            }
+            };
+            inner.compact_uses();
+            base
         };
         if let Some(base) = &base
             && base.state.revision() == revision
@@ -245,7 +279,8 @@ impl StateCache {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.tick += 1;
         let tick = inner.tick;
-        let cached = inner.streams.get_mut(stream)?;
+        let Inner { streams, uses, .. } = &mut *inner;
+        let cached = streams.get_mut(stream)?;
         if cached.kind != kind {
             return None;
         }
@@ -254,7 +289,8 @@ impl StateCache {
             .get(&revision)
             .filter(|s| s.state.revision() == revision)
             .map(Arc::clone)?;
-        cached.used = tick;
+        Inner::touch(tick, cached, uses);
+        inner.compact_uses();
         Some(snapshot)
     }
 
@@ -286,9 +322,11 @@ impl StateCache {
             if admit == Admit::IfCached {
                 return;
             }
+            let key: Arc<str> = Arc::from(stream);
             inner.streams.insert(
-                stream.to_owned(),
+                Arc::clone(&key),
                 CachedStream {
+                    key,
                     kind,
                     snapshots: BTreeMap::new(),
                     latest: None,
@@ -296,10 +334,11 @@ impl StateCache {
                 },
             );
         }
-        let Some(cached) = inner.streams.get_mut(stream) else {
+        let Inner { streams, uses, .. } = &mut *inner;
+        let Some(cached) = streams.get_mut(stream) else {
             return;
         };
-        cached.used = tick;
+        Inner::touch(tick, cached, uses);
         if cached.kind != kind {
             cached.kind = kind;
             cached.snapshots.clear();
@@ -333,8 +372,9 @@ impl StateCache {
                 cached.latest = None;
             }
         }
+        inner.compact_uses();
         if inner.streams.len() > self.options.streams_max {
-            let mut dropped = evict(&mut inner.streams, self.options.streams_max);
+            let mut dropped = evict(&mut inner, self.options.streams_max);
             // Never freed under the lock: dropping hundreds of folded states is not work the
             // other readers should wait for. Left to `reap` while it keeps up.
             drop(inner);
@@ -448,28 +488,25 @@ impl Kept {
     }
 }
 
-/// Streams dropped per eviction past the bound, at least: 1/64 of it, so that one eviction
-/// (a pass over every cached stream) serves many inserts, and what it frees at once stays
-/// small (freeing a few thousand folded states in one go stalled a request by ~20 ms).
+/// Streams dropped per eviction past the bound, at least: 1/64 of it, so that what one
+/// eviction frees at once stays small (freeing a few thousand folded states in one go stalled
+/// a request by ~20 ms).
 const EVICT_FRACTION: usize = 64;
 
-/// Drops the least recently used streams down to `max - max / 64` (every stream's `used` tick
-/// is distinct: each use takes a new one).
-fn evict(
-    streams: &mut HashMap<String, CachedStream, foldhash::fast::RandomState>,
-    max: usize,
-) -> Vec<CachedStream> {
+/// Drops the least recently used streams down to `max - max / 64`: the streams of the use
+/// queue's current entries, from its front (stale entries are skipped and dropped).
+fn evict(inner: &mut Inner, max: usize) -> Vec<CachedStream> {
     let keep = max - max / EVICT_FRACTION;
-    let drop = streams.len().saturating_sub(keep);
-    if drop == 0 {
-        return Vec::new();
+    let mut dropped = Vec::with_capacity(inner.streams.len().saturating_sub(keep));
+    while inner.streams.len() > keep {
+        let Some((tick, key)) = inner.uses.pop_front() else {
+            break;
+        };
+        if inner.streams.get(&key).is_some_and(|c| c.used == tick) {
+            dropped.extend(inner.streams.remove(&key));
+        }
     }
-    let mut used: Vec<u64> = streams.values().map(|c| c.used).collect();
-    let (_, &mut threshold, _) = used.select_nth_unstable(drop - 1);
-    streams
-        .extract_if(|_, c| c.used <= threshold)
-        .map(|(_, c)| c)
-        .collect()
+    dropped
 }
 
 #[cfg(test)]
@@ -542,6 +579,66 @@ mod tests {
         assert!(
             waiting > 0 && waiting <= 64,
             "{waiting} evicted streams waited"
+        );
+    }
+
+    #[test]
+    fn eviction_drops_exactly_the_least_recently_used_of_puts_and_reads() {
+        // A reference: each stream's last use, and eviction by sorting them (what the cache
+        // did before it kept a use queue).
+        let max = 128;
+        let cache = cache(max);
+        let mut model: HashMap<String, u64> = HashMap::new();
+        let (mut tick, mut hits) = (0u64, 0u32);
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..20_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let name = format!("vm-{}", seed % 300);
+            tick += 1;
+            if (seed >> 32).is_multiple_of(3) {
+                // A read: a use only if the stream is cached.
+                let hit = cached(&cache, &name);
+                assert_eq!(hit, model.contains_key(&name), "{name}");
+                if hit {
+                    hits += 1;
+                    model.insert(name, tick);
+                }
+            } else {
+                put(&cache, &name);
+                model.insert(name, tick);
+                if model.len() > max {
+                    let mut by_use: Vec<(u64, String)> =
+                        model.iter().map(|(n, t)| (*t, n.clone())).collect();
+                    by_use.sort();
+                    let keep = max - max / EVICT_FRACTION;
+                    for (_, n) in by_use.iter().take(model.len() - keep) {
+                        model.remove(n);
+                    }
+                }
+            }
+            assert_eq!(cache.streams(), model.len());
+        }
+        assert!(hits > 1_000, "{hits} reads hit");
+        for name in model.keys() {
+            assert!(cached(&cache, name), "{name} was dropped");
+        }
+    }
+
+    #[test]
+    fn the_use_queue_stays_within_twice_the_streams_under_repeated_reads() {
+        let cache = cache(64);
+        for i in 0..10 {
+            put(&cache, &format!("vm-{i}"));
+        }
+        for n in 0..100_000 {
+            assert!(cached(&cache, &format!("vm-{}", n % 10)));
+        }
+        let uses = cache.inner.lock().unwrap().uses.len();
+        assert!(
+            uses <= 2 * 10 + USES_SLACK + 1,
+            "{uses} entries for 10 streams"
         );
     }
 
