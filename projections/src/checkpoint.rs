@@ -70,6 +70,40 @@ pub fn write_encoded(
     event_hash: &[u8; 32],
     body: &[u8],
 ) -> Result<()> {
+    write_encoded_paced(path, name, position, event_hash, body, None)
+}
+
+/// How [`write_encoded_paced`] spreads a checkpoint's writing out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing {
+    /// Bytes written back (to the disk, not through its cache) at a time.
+    pub piece_bytes: usize,
+    /// Pause after each piece.
+    pub pause: std::time::Duration,
+}
+
+impl Pacing {
+    /// What the periodic checkpoint uses: 256 KiB at a time, 1 ms apart. Written in one go,
+    /// the ~30 MB of 100,000 streams queued at the disk for ~18 ms, and every log commit's
+    /// `fdatasync` in that time waited behind them (up to 15 ms; a stall of every request
+    /// in flight). In pieces, a commit waits for one piece at most (~0.2 ms here).
+    pub const BACKGROUND: Pacing = Pacing {
+        piece_bytes: 256 * 1024,
+        pause: std::time::Duration::from_millis(1),
+    };
+}
+
+/// [`write_encoded`], the body written back in pieces when `pacing` is given (Linux's
+/// `sync_file_range` after each piece, then the usual sync), so that it never keeps the disk
+/// busy for long at a time.
+pub fn write_encoded_paced(
+    path: &Path,
+    name: &str,
+    position: u64,
+    event_hash: &[u8; 32],
+    body: &[u8],
+    pacing: Option<Pacing>,
+) -> Result<()> {
     let dir = path.parent().ok_or_else(|| Error::Invalid {
         reason: format!("checkpoint path {} has no directory", path.display()),
     })?;
@@ -97,8 +131,11 @@ pub fn write_encoded(
             Err(injected("projections::checkpoint::torn_write"))
         });
         file.write_all(&header)
-            .and_then(|()| file.write_all(body))
             .map_err(io("writing the checkpoint"))?;
+        match pacing {
+            Some(pacing) => write_paced(&mut file, header.len(), body, pacing)?,
+            None => file.write_all(body).map_err(io("writing the checkpoint"))?,
+        }
         file.sync_all().map_err(io("syncing the checkpoint"))?;
     }
     fail::fail_point!("projections::checkpoint::before_rename", |_| Err(injected(
@@ -108,6 +145,50 @@ pub fn write_encoded(
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io("syncing the checkpoint directory"))?;
+    Ok(())
+}
+
+/// Writes `body` at `offset` (where the file ends) in pieces, each written back to the disk
+/// before the pause that follows it. Durability still comes from the caller's sync.
+fn write_paced(file: &mut File, offset: usize, body: &[u8], pacing: Pacing) -> Result<()> {
+    let mut at = offset;
+    for piece in body.chunks(pacing.piece_bytes.max(1)) {
+        file.write_all(piece)
+            .map_err(io("writing the checkpoint"))?;
+        write_back(file, at, piece.len())?;
+        at += piece.len();
+        std::thread::sleep(pacing.pause);
+    }
+    Ok(())
+}
+
+/// Starts writeback of `len` bytes at `offset` and waits for it (not a sync: the disk's cache
+/// is not flushed, and file metadata is not written).
+#[cfg(target_os = "linux")]
+fn write_back(file: &File, offset: usize, len: usize) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len),
+    ) else {
+        return Ok(());
+    };
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: the descriptor is `file`'s, open for the duration of the call; no memory of ours
+    // is passed.
+    if unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) } != 0 {
+        return Err(Error::CheckpointIo {
+            context: "writing back the checkpoint",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn write_back(_file: &File, _offset: usize, _len: usize) -> Result<()> {
     Ok(())
 }
 
@@ -175,4 +256,39 @@ pub fn read<T: for<'de> Deserialize<'de>>(
         event_hash,
         body,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paced_checkpoint_reads_back_as_one_written_at_once() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // A body of many pieces and a partial last one.
+        let body: Vec<u64> = (0..200_000).collect();
+        let encoded = encode("test", &body).expect("encode");
+        let pacing = Pacing {
+            piece_bytes: 64 * 1024,
+            pause: std::time::Duration::ZERO,
+        };
+        assert!(
+            encoded.len() > 10 * pacing.piece_bytes
+                && !encoded.len().is_multiple_of(pacing.piece_bytes)
+        );
+        let paced = path(dir.path(), "paced");
+        let at_once = path(dir.path(), "at-once");
+        let hash = [7u8; 32];
+        write_encoded_paced(&paced, "test", 42, &hash, &encoded, Some(pacing)).expect("paced");
+        write_encoded(&at_once, "test", 42, &hash, &encoded).expect("at once");
+        assert_eq!(
+            fs::read(&paced).expect("paced file"),
+            fs::read(&at_once).expect("file")
+        );
+        let loaded = read::<Vec<u64>>(&paced, "test")
+            .expect("sound")
+            .expect("present");
+        assert_eq!((loaded.position, loaded.event_hash), (42, hash));
+        assert_eq!(loaded.body, body);
+    }
 }

@@ -5,9 +5,15 @@
 //! million streams). Here the elements live in chunks of [`CHUNK`]: past the first, a chunk is
 //! allocated at its full size and never grows, so a push copies at most one chunk's worth (the
 //! first, while it grows). Serialized as a plain sequence, as the `Vec` it replaces was.
+//!
+//! Chunks are shared, copied on write: a clone costs one reference count per chunk, and the
+//! original copies a chunk only when it first changes it while a clone still holds it. A
+//! checkpoint serializes such a clone on a thread of its own, without the read model's lock,
+//! while the follower goes on changing the model.
 
 use std::fmt;
 use std::ops::{Index, IndexMut};
+use std::sync::Arc;
 
 use serde::de::{Deserialize, Deserializer, SeqAccess, Visitor};
 use serde::ser::{Serialize, Serializer};
@@ -19,7 +25,7 @@ const CHUNK: usize = 1 << CHUNK_BITS;
 /// A growable sequence of `T` whose elements stay where they were put.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct ChunkedVec<T> {
-    chunks: Vec<Vec<T>>,
+    chunks: Vec<Arc<Vec<T>>>,
     len: usize,
 }
 
@@ -38,11 +44,46 @@ impl<T> ChunkedVec<T> {
         self.len
     }
 
+    /// The element at `index`, if there is one.
+    pub(crate) fn get(&self, index: usize) -> Option<&T> {
+        self.chunks
+            .get(index >> CHUNK_BITS)?
+            .get(index & (CHUNK - 1))
+    }
+
+    /// Every element, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flat_map(|chunk| chunk.iter())
+    }
+
+    /// Room for `additional` more elements' chunks in the list of chunks (the chunks
+    /// themselves are allocated as they fill).
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.chunks.reserve(additional.div_ceil(CHUNK));
+    }
+}
+
+impl<T: Clone> ChunkedVec<T> {
+    /// Chunk `i`, to change: copied first if a clone still shares it (a copy past the first
+    /// chunk gets its full size at once, so it never moves again).
+    fn chunk_mut(&mut self, i: usize) -> Option<&mut Vec<T>> {
+        let chunk = Arc::make_mut(self.chunks.get_mut(i)?);
+        if i > 0 && chunk.capacity() < CHUNK {
+            chunk.reserve_exact(CHUNK - chunk.len());
+        }
+        Some(chunk)
+    }
+
     /// Appends `value`.
     pub(crate) fn push(&mut self, value: T) {
-        match self.chunks.last_mut() {
-            Some(chunk) if chunk.len() < CHUNK => chunk.push(value),
-            _ => {
+        let last = self.chunks.len().checked_sub(1);
+        match last.filter(|&i| self.chunks[i].len() < CHUNK) {
+            Some(i) => {
+                if let Some(chunk) = self.chunk_mut(i) {
+                    chunk.push(value);
+                }
+            }
+            None => {
                 // The first chunk grows as a `Vec` does (a small model stays small); every
                 // later one starts at its full size.
                 let mut chunk = if self.chunks.is_empty() {
@@ -51,35 +92,20 @@ impl<T> ChunkedVec<T> {
                     Vec::with_capacity(CHUNK)
                 };
                 chunk.push(value);
-                self.chunks.push(chunk);
+                self.chunks.push(Arc::new(chunk));
             }
         }
         self.len += 1;
     }
 
-    /// The element at `index`, if there is one.
-    pub(crate) fn get(&self, index: usize) -> Option<&T> {
-        self.chunks
-            .get(index >> CHUNK_BITS)?
-            .get(index & (CHUNK - 1))
-    }
-
-    /// The element at `index`, if there is one, to change.
+    /// The element at `index`, if there is one, to change (its chunk is copied first if a
+    /// clone still shares it).
     pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
-        self.chunks
-            .get_mut(index >> CHUNK_BITS)?
+        if index >= self.len {
+            return None;
+        }
+        self.chunk_mut(index >> CHUNK_BITS)?
             .get_mut(index & (CHUNK - 1))
-    }
-
-    /// Every element, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.chunks.iter().flatten()
-    }
-
-    /// Room for `additional` more elements' chunks in the list of chunks (the chunks
-    /// themselves are allocated as they fill).
-    pub(crate) fn reserve(&mut self, additional: usize) {
-        self.chunks.reserve(additional.div_ceil(CHUNK));
     }
 }
 
@@ -95,7 +121,7 @@ impl<T> Index<usize> for ChunkedVec<T> {
     }
 }
 
-impl<T> IndexMut<usize> for ChunkedVec<T> {
+impl<T: Clone> IndexMut<usize> for ChunkedVec<T> {
     fn index_mut(&mut self, index: usize) -> &mut T {
         let len = self.len;
         match self.get_mut(index) {
@@ -123,11 +149,11 @@ impl<T: Serialize> Serialize for ChunkedVec<T> {
     }
 }
 
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for ChunkedVec<T> {
+impl<'de, T: Deserialize<'de> + Clone> Deserialize<'de> for ChunkedVec<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Elements<T>(std::marker::PhantomData<T>);
 
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for Elements<T> {
+        impl<'de, T: Deserialize<'de> + Clone> Visitor<'de> for Elements<T> {
             type Value = ChunkedVec<T>;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -192,5 +218,41 @@ mod tests {
             first_full, &chunked[0] as *const usize,
             "a full first chunk moved"
         );
+    }
+
+    #[test]
+    fn a_clone_shares_every_chunk_and_keeps_its_elements_while_the_original_changes() {
+        let mut original = ChunkedVec::default();
+        for i in 0..(2 * CHUNK + 10) {
+            original.push(i);
+        }
+        let clone = original.clone();
+        assert!(
+            original
+                .chunks
+                .iter()
+                .zip(&clone.chunks)
+                .all(|(a, b)| Arc::ptr_eq(a, b)),
+            "a clone copied a chunk"
+        );
+        // The original changes one element and grows the last chunk: those two chunks are
+        // copied, the middle one is still shared.
+        original[5] = 1_000_000;
+        original.push(7);
+        assert_eq!(clone[5], 5);
+        assert_eq!(clone.len(), 2 * CHUNK + 10);
+        assert_eq!(clone.get(2 * CHUNK + 10), None);
+        assert!(clone.iter().copied().eq(0..(2 * CHUNK + 10)));
+        assert_eq!((original[5], original[2 * CHUNK + 10]), (1_000_000, 7));
+        assert!(!Arc::ptr_eq(&original.chunks[0], &clone.chunks[0]));
+        assert!(Arc::ptr_eq(&original.chunks[1], &clone.chunks[1]));
+        assert!(!Arc::ptr_eq(&original.chunks[2], &clone.chunks[2]));
+        // The copied last chunk got its full size: it does not move as it fills.
+        let at: *const usize = &original[2 * CHUNK];
+        for i in 0..(CHUNK - 11) {
+            original.push(i);
+        }
+        assert_eq!(at, &original[2 * CHUNK] as *const usize, "moved as it grew");
+        assert_eq!(original.chunks.len(), 3);
     }
 }

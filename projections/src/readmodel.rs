@@ -332,6 +332,34 @@ pub(crate) struct PersistedRef<'a> {
     pub entries: &'a ChunkedVec<Entry>,
 }
 
+/// A checkpoint's content taken from the model (see [`ReadModel::persisted_snapshot`]).
+pub(crate) struct PersistedSnapshot {
+    applied: u64,
+    applied_hash: [u8; 32],
+    entries: ChunkedVec<Entry>,
+}
+
+impl PersistedSnapshot {
+    /// The position applied.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The hash of the event at that position.
+    pub fn hash(&self) -> &[u8; 32] {
+        &self.applied_hash
+    }
+
+    /// As [`ReadModel::persisted`] spells it.
+    pub fn persisted(&self) -> PersistedRef<'_> {
+        PersistedRef {
+            applied: self.applied,
+            applied_hash: hex::encode(self.applied_hash),
+            entries: &self.entries,
+        }
+    }
+}
+
 /// Entries plus indexes. The follower grows them under the read model's write lock, so none
 /// moves everything it holds at once as it grows (a stall of every read): the entries are a
 /// [`ChunkedVec`] and the hash indexes [`ShardedMap`]s.
@@ -672,6 +700,16 @@ impl ReadModel {
             applied: self.data.applied,
             applied_hash: hex::encode(applied_hash),
             entries: &self.data.entries,
+        }
+    }
+
+    /// What [`ReadModel::persisted`] gives, owned, to serialize without the model: the entries
+    /// are a clone that shares their chunks (copied only as the model changes them).
+    pub fn persisted_snapshot(&self, applied_hash: [u8; 32]) -> PersistedSnapshot {
+        PersistedSnapshot {
+            applied: self.data.applied,
+            applied_hash,
+            entries: self.data.entries.clone(),
         }
     }
 

@@ -12,8 +12,8 @@ use proptest::prelude::*;
 use vmplane_core::types::Kind;
 use vmplane_core::{Category, Outcome, VmCommand, codes};
 use vmplane_projections::{
-    At, AuditQuery, Command, CommandError, CommandHandler, CommandOptions, Error, Projections,
-    WatchFilter,
+    At, AuditQuery, Command, CommandError, CommandHandler, CommandOptions, Error,
+    ProjectionOptions, Projections, WatchFilter, checkpoint,
 };
 use vmplane_store::{EventLog, Position, Timestamp};
 
@@ -300,6 +300,42 @@ fn restart_with_checkpoint_and_tail_equals_rebuild() {
         .expect("list");
     let names: Vec<_> = list.items.iter().map(|v| v.name.clone()).collect();
     assert_eq!(names, ["a1", "a2", "a4", "a5", "b1", "b2"]);
+}
+
+#[test]
+fn the_periodic_checkpoint_written_in_the_background_loads_as_a_restart_would() {
+    let env = env();
+    // Projections of the same log that checkpoint every 5 events, in a directory of their own.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = ProjectionOptions {
+        checkpoint_every_events: 5,
+        ..common::options()
+    };
+    let periodic = Projections::open(Arc::clone(&env.log), dir.path(), options).expect("open");
+    populate(&env, "a", 4);
+    // Past the interval: the checkpoint is started, and written on a thread of its own.
+    let reached = periodic.catch_up().expect("catch up");
+    assert!(reached.0 >= 5, "{reached:?}");
+    let digest = periodic.digest().expect("digest");
+    // Dropping the projections waits for the write.
+    drop(periodic);
+    // Whole (its body's hash checked), at the position reached, holding every stream.
+    let path = checkpoint::path(dir.path(), "readmodel");
+    let loaded = checkpoint::read::<serde_json::Value>(&path, "readmodel")
+        .expect("a sound checkpoint")
+        .expect("the checkpoint was written");
+    assert_eq!(loaded.position, reached.0);
+    assert_eq!(loaded.body["applied"], reached.0);
+    // One entry per stream: the four VMs `populate` made.
+    assert_eq!(loaded.body["entries"].as_array().map(Vec::len), Some(4));
+    // Reopened from it: the same model as the original's.
+    let reopened =
+        Projections::open(Arc::clone(&env.log), dir.path(), common::options()).expect("reopen");
+    assert_eq!(reopened.digest().expect("digest"), digest);
+    assert_eq!(
+        reopened.digest().expect("digest"),
+        env.projections.digest().expect("digest")
+    );
 }
 
 #[test]
