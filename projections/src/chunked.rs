@@ -64,25 +64,21 @@ impl<T> ChunkedVec<T> {
 }
 
 impl<T: Clone> ChunkedVec<T> {
-    /// Chunk `i`, to change: copied first if a clone still shares it (a copy past the first
-    /// chunk gets its full size at once, so it never moves again).
-    fn chunk_mut(&mut self, i: usize) -> Option<&mut Vec<T>> {
-        let chunk = Arc::make_mut(self.chunks.get_mut(i)?);
+    /// Chunk `i` (the first if 0), to change: copied first if a clone still shares it (a copy
+    /// past the first chunk gets its full size at once, so it never moves again).
+    fn own(chunk: &mut Arc<Vec<T>>, i: usize) -> &mut Vec<T> {
+        let chunk = Arc::make_mut(chunk);
         if i > 0 && chunk.capacity() < CHUNK {
             chunk.reserve_exact(CHUNK - chunk.len());
         }
-        Some(chunk)
+        chunk
     }
 
     /// Appends `value`.
     pub(crate) fn push(&mut self, value: T) {
         let last = self.chunks.len().checked_sub(1);
         match last.filter(|&i| self.chunks[i].len() < CHUNK) {
-            Some(i) => {
-                if let Some(chunk) = self.chunk_mut(i) {
-                    chunk.push(value);
-                }
-            }
+            Some(i) => Self::own(&mut self.chunks[i], i).push(value),
             None => {
                 // The first chunk grows as a `Vec` does (a small model stays small); every
                 // later one starts at its full size.
@@ -104,8 +100,8 @@ impl<T: Clone> ChunkedVec<T> {
         if index >= self.len {
             return None;
         }
-        self.chunk_mut(index >> CHUNK_BITS)?
-            .get_mut(index & (CHUNK - 1))
+        let i = index >> CHUNK_BITS;
+        Self::own(self.chunks.get_mut(i)?, i).get_mut(index & (CHUNK - 1))
     }
 }
 

@@ -19,7 +19,7 @@ use crate::cache::{CacheOptions, StateCache};
 use crate::checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{AggState, Snapshot, stream_of};
-use crate::readmodel::{ModelData, NameKey, ReadModel};
+use crate::readmodel::{ModelData, NameKey, PersistedSnapshot, ReadModel};
 use crate::render::{ObjectJson, ObjectView, render, render_json, render_once_json};
 
 /// The checkpoint name of the current-state read model.
@@ -190,6 +190,24 @@ impl Drop for Projections {
             .unwrap_or_else(PoisonError::into_inner)
             .finish_writing();
     }
+}
+
+/// Serializes `snapshot` and writes it as the read model's checkpoint at `path` (`pacing`: see
+/// [`checkpoint::write_encoded_paced`]).
+fn write_snapshot(
+    path: &Path,
+    snapshot: &PersistedSnapshot,
+    pacing: Option<checkpoint::Pacing>,
+) -> Result<()> {
+    let body = checkpoint::encode(READ_MODEL, &snapshot.persisted())?;
+    checkpoint::write_encoded_paced(
+        path,
+        READ_MODEL,
+        snapshot.applied(),
+        snapshot.hash(),
+        &body,
+        pacing,
+    )
 }
 
 /// Puts the calling thread at the lowest processor priority: Linux's `SCHED_IDLE` (on Linux
@@ -403,29 +421,14 @@ impl Projections {
             return Ok(());
         }
         applied.finish_writing();
-        let snapshot = {
-            let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
-            let hash = model.applied_hash(self.log.as_ref())?;
-            model.persisted_snapshot(hash)
-        };
+        let snapshot = self.checkpoint_snapshot()?;
         let position = snapshot.applied();
         let spawned = std::thread::Builder::new()
             .name("projections-checkpoint".into())
             .spawn(move || {
                 lower_this_threads_priority();
-                let written = checkpoint::encode(READ_MODEL, &snapshot.persisted()).and_then(
-                    |body| {
-                        checkpoint::write_encoded_paced(
-                            &path,
-                            READ_MODEL,
-                            position,
-                            snapshot.hash(),
-                            &body,
-                            Some(checkpoint::Pacing::BACKGROUND),
-                        )
-                    },
-                );
-                if let Err(error) = written {
+                let paced = Some(checkpoint::Pacing::BACKGROUND);
+                if let Err(error) = write_snapshot(&path, &snapshot, paced) {
                     tracing::error!(%error, position, "could not write the read model's checkpoint");
                 }
             });
@@ -447,20 +450,18 @@ impl Projections {
         let Some(path) = &self.checkpoint_path else {
             return Ok(());
         };
-        // Serialized in place under the read lock (no copy of the model), written and synced
-        // after it is released (catch-up is not held up by the disk).
-        let (position, hash, body) = {
-            let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
-            let hash = model.applied_hash(self.log.as_ref())?;
-            (
-                model.applied().0,
-                hash,
-                checkpoint::encode(READ_MODEL, &model.persisted(&hash))?,
-            )
-        };
-        checkpoint::write_encoded(path, READ_MODEL, position, &hash, &body)?;
-        applied.last_checkpoint = position;
+        let snapshot = self.checkpoint_snapshot()?;
+        write_snapshot(path, &snapshot, None)?;
+        applied.last_checkpoint = snapshot.applied();
         Ok(())
+    }
+
+    /// What a checkpoint holds, taken under the read lock (a clone of the entries that shares
+    /// their chunks): serialized and written after the lock is released.
+    fn checkpoint_snapshot(&self) -> Result<PersistedSnapshot> {
+        let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+        let hash = model.applied_hash(self.log.as_ref())?;
+        Ok(model.persisted_snapshot(hash))
     }
 
     /// A deterministic hash of the read model's canonical content at its current position:

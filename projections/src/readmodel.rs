@@ -350,7 +350,7 @@ impl PersistedSnapshot {
         &self.applied_hash
     }
 
-    /// As [`ReadModel::persisted`] spells it.
+    /// As checkpoints spell it.
     pub fn persisted(&self) -> PersistedRef<'_> {
         PersistedRef {
             applied: self.applied,
@@ -693,18 +693,8 @@ impl ReadModel {
         out.into_iter().collect()
     }
 
-    /// The persisted form, serialized by reference (the same JSON as [`ModelData`]), with
-    /// `applied_hash` from [`ReadModel::applied_hash`].
-    pub fn persisted(&self, applied_hash: &[u8; 32]) -> PersistedRef<'_> {
-        PersistedRef {
-            applied: self.data.applied,
-            applied_hash: hex::encode(applied_hash),
-            entries: &self.data.entries,
-        }
-    }
-
-    /// What [`ReadModel::persisted`] gives, owned, to serialize without the model: the entries
-    /// are a clone that shares their chunks (copied only as the model changes them).
+    /// What a checkpoint holds, owned, to serialize without the model: the entries are a clone
+    /// that shares their chunks (copied only as the model changes them).
     pub fn persisted_snapshot(&self, applied_hash: [u8; 32]) -> PersistedSnapshot {
         PersistedSnapshot {
             applied: self.data.applied,
