@@ -42,38 +42,7 @@ fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::CheckpointIo { context, source }
 }
 
-/// Writes `body` as the checkpoint at `path` for `position` (whose event has `event_hash`).
-pub fn write<T: Serialize>(
-    path: &Path,
-    name: &str,
-    position: u64,
-    event_hash: &[u8; 32],
-    body: &T,
-) -> Result<()> {
-    let body = encode(name, body)?;
-    write_encoded(path, name, position, event_hash, &body)
-}
-
-/// The body of a checkpoint of projection `name`, as [`write_encoded`] takes it (so a caller
-/// can serialize under its lock and write after releasing it).
-pub fn encode<T: Serialize>(name: &str, body: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec(body).map_err(|e| Error::Invalid {
-        reason: format!("serializing checkpoint {name}: {e}"),
-    })
-}
-
-/// [`write`] of a body already [`encode`]d.
-pub fn write_encoded(
-    path: &Path,
-    name: &str,
-    position: u64,
-    event_hash: &[u8; 32],
-    body: &[u8],
-) -> Result<()> {
-    write_encoded_paced(path, name, position, event_hash, body, None)
-}
-
-/// How [`write_encoded_paced`] spreads a checkpoint's writing out.
+/// How [`write`] spreads a checkpoint's writing out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pacing {
     /// Bytes written back (to the disk, not through its cache) at a time.
@@ -93,50 +62,63 @@ impl Pacing {
     };
 }
 
-/// [`write_encoded`], the body written back in pieces when `pacing` is given (Linux's
-/// `sync_file_range` after each piece, then the usual sync), so that it never keeps the disk
-/// busy for long at a time.
-pub fn write_encoded_paced(
+/// Bytes serialized at a time between the serializer and the file when not paced.
+const UNPACED_PIECE_BYTES: usize = 256 * 1024;
+
+/// Writes `body` as the checkpoint at `path` for `position` (whose event has `event_hash`),
+/// written back in pieces when `pacing` is given (Linux's `sync_file_range` after each piece,
+/// then the usual sync), so that it never keeps the disk busy for long at a time.
+///
+/// The body is serialized straight into the file, a piece at a time, and hashed on the way:
+/// no buffer of the whole body (~30 MB for 100,000 streams, whose page faults and, once
+/// freed, unmapping cost every thread of the process). The header, whose length does not
+/// depend on the hash, is written first with a placeholder hash and overwritten in place
+/// once the body is written.
+pub fn write<T: Serialize>(
     path: &Path,
     name: &str,
     position: u64,
     event_hash: &[u8; 32],
-    body: &[u8],
+    body: &T,
     pacing: Option<Pacing>,
 ) -> Result<()> {
     let dir = path.parent().ok_or_else(|| Error::Invalid {
         reason: format!("checkpoint path {} has no directory", path.display()),
     })?;
     fs::create_dir_all(dir).map_err(io("creating the checkpoint directory"))?;
-    let header = Header {
-        format: format!("vmplane-projections/{name}"),
-        version: CHECKPOINT_FORMAT_VERSION,
-        code: env!("CARGO_PKG_VERSION").to_owned(),
-        position,
-        event_hash: hex::encode(event_hash),
-        body_sha256: hex::encode(Sha256::digest(body)),
+    let header = |body_sha256: [u8; 32]| -> Result<Vec<u8>> {
+        let header = Header {
+            format: format!("vmplane-projections/{name}"),
+            version: CHECKPOINT_FORMAT_VERSION,
+            code: env!("CARGO_PKG_VERSION").to_owned(),
+            position,
+            event_hash: hex::encode(event_hash),
+            body_sha256: hex::encode(body_sha256),
+        };
+        let mut header = serde_json::to_vec(&header).map_err(|e| Error::Invalid {
+            reason: format!("serializing checkpoint header: {e}"),
+        })?;
+        header.push(b'\n');
+        Ok(header)
     };
-    let mut header = serde_json::to_vec(&header).map_err(|e| Error::Invalid {
-        reason: format!("serializing checkpoint header: {e}"),
-    })?;
-    header.push(b'\n');
+    let placeholder = header([0; 32])?;
     let tmp = path.with_extension("ckpt.tmp");
     {
         let mut file = File::create(&tmp).map_err(io("creating the checkpoint file"))?;
         // A torn write: the header and half the body reach the temporary file, then it fails.
         fail::fail_point!("projections::checkpoint::torn_write", |_| {
-            file.write_all(&header)
+            let body = serde_json::to_vec(body).unwrap_or_default();
+            file.write_all(&placeholder)
                 .and_then(|()| file.write_all(&body[..body.len() / 2]))
                 .map_err(io("writing the checkpoint"))?;
             Err(injected("projections::checkpoint::torn_write"))
         });
-        file.write_all(&header)
-            .map_err(io("writing the checkpoint"))?;
-        match pacing {
-            Some(pacing) => write_paced(&mut file, header.len(), body, pacing)?,
-            None => file.write_all(body).map_err(io("writing the checkpoint"))?,
+        let written = write_temporary(&mut file, name, &placeholder, &header, body, pacing);
+        if let Err(e) = written {
+            // Nothing half-written left behind (the next checkpoint would replace it anyway).
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
         }
-        file.sync_all().map_err(io("syncing the checkpoint"))?;
     }
     fail::fail_point!("projections::checkpoint::before_rename", |_| Err(injected(
         "projections::checkpoint::before_rename"
@@ -148,24 +130,84 @@ pub fn write_encoded_paced(
     Ok(())
 }
 
-/// Writes `body` at `offset` (where the file ends) in pieces, each written back to the disk
-/// before the pause that follows it. Durability still comes from the caller's sync.
-fn write_paced(file: &mut File, offset: usize, body: &[u8], pacing: Pacing) -> Result<()> {
-    let mut at = offset;
-    for piece in body.chunks(pacing.piece_bytes.max(1)) {
-        file.write_all(piece)
-            .map_err(io("writing the checkpoint"))?;
-        write_back(file, at, piece.len())?;
-        at += piece.len();
-        std::thread::sleep(pacing.pause);
+/// Writes the checkpoint into its temporary `file`: `placeholder` (the header with a placeholder
+/// hash), the body streamed after it, then the real header over the placeholder; then syncs.
+fn write_temporary<T: Serialize>(
+    file: &mut File,
+    name: &str,
+    placeholder: &[u8],
+    header: &dyn Fn([u8; 32]) -> Result<Vec<u8>>,
+    body: &T,
+    pacing: Option<Pacing>,
+) -> Result<()> {
+    file.write_all(placeholder)
+        .map_err(io("writing the checkpoint"))?;
+    let piece_bytes = pacing.map_or(UNPACED_PIECE_BYTES, |p| p.piece_bytes.max(1));
+    let mut sink = std::io::BufWriter::with_capacity(
+        piece_bytes,
+        BodySink {
+            file,
+            hasher: Sha256::new(),
+            at: placeholder.len(),
+            pacing,
+        },
+    );
+    serde_json::to_writer(&mut sink, body).map_err(|e| match e.io_error_kind() {
+        Some(_) => Error::CheckpointIo {
+            context: "writing the checkpoint",
+            source: e.into(),
+        },
+        None => Error::Invalid {
+            reason: format!("serializing checkpoint {name}: {e}"),
+        },
+    })?;
+    let sink = sink
+        .into_inner()
+        .map_err(|e| io("writing the checkpoint")(e.into_error()))?;
+    let header = header(sink.hasher.finalize().into())?;
+    if header.len() != placeholder.len() {
+        return Err(Error::Invalid {
+            reason: "the checkpoint header changed length once hashed".into(),
+        });
     }
-    Ok(())
+    std::os::unix::fs::FileExt::write_all_at(file, &header, 0)
+        .map_err(io("writing the checkpoint header"))?;
+    file.sync_all().map_err(io("syncing the checkpoint"))
+}
+
+/// Where the serialized body goes, a piece at a time (the `BufWriter` around it hands it
+/// whole pieces): into the file at its end, into the hash, and, paced, written back to the
+/// disk before the pause that follows each piece. Durability still comes from the caller's
+/// sync.
+struct BodySink<'a> {
+    file: &'a mut File,
+    hasher: Sha256,
+    /// Where the file ends.
+    at: usize,
+    pacing: Option<Pacing>,
+}
+
+impl Write for BodySink<'_> {
+    fn write(&mut self, piece: &[u8]) -> std::io::Result<usize> {
+        self.file.write_all(piece)?;
+        self.hasher.update(piece);
+        if let Some(pacing) = self.pacing {
+            write_back(self.file, self.at, piece.len())?;
+            std::thread::sleep(pacing.pause);
+        }
+        self.at += piece.len();
+        Ok(piece.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Starts writeback of `len` bytes at `offset` and waits for it (not a sync: the disk's cache
 /// is not flushed, and file metadata is not written).
 #[cfg(target_os = "linux")]
-fn write_back(file: &File, offset: usize, len: usize) -> Result<()> {
+fn write_back(file: &File, offset: usize, len: usize) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let (Ok(offset), Ok(len)) = (
         libc::off64_t::try_from(offset),
@@ -179,16 +221,13 @@ fn write_back(file: &File, offset: usize, len: usize) -> Result<()> {
     // SAFETY: the descriptor is `file`'s, open for the duration of the call; no memory of ours
     // is passed.
     if unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) } != 0 {
-        return Err(Error::CheckpointIo {
-            context: "writing back the checkpoint",
-            source: std::io::Error::last_os_error(),
-        });
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
 
 #[cfg(not(target_os = "linux"))]
-fn write_back(_file: &File, _offset: usize, _len: usize) -> Result<()> {
+fn write_back(_file: &File, _offset: usize, _len: usize) -> std::io::Result<()> {
     Ok(())
 }
 
@@ -267,28 +306,62 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         // A body of many pieces and a partial last one.
         let body: Vec<u64> = (0..200_000).collect();
-        let encoded = encode("test", &body).expect("encode");
+        let encoded_len = serde_json::to_vec(&body).expect("encode").len();
         let pacing = Pacing {
             piece_bytes: 64 * 1024,
             pause: std::time::Duration::ZERO,
         };
         assert!(
-            encoded.len() > 10 * pacing.piece_bytes
-                && !encoded.len().is_multiple_of(pacing.piece_bytes)
+            encoded_len > 10 * pacing.piece_bytes
+                && !encoded_len.is_multiple_of(pacing.piece_bytes)
         );
         let paced = path(dir.path(), "paced");
         let at_once = path(dir.path(), "at-once");
         let hash = [7u8; 32];
-        write_encoded_paced(&paced, "test", 42, &hash, &encoded, Some(pacing)).expect("paced");
-        write_encoded(&at_once, "test", 42, &hash, &encoded).expect("at once");
-        assert_eq!(
-            fs::read(&paced).expect("paced file"),
-            fs::read(&at_once).expect("file")
-        );
+        write(&paced, "test", 42, &hash, &body, Some(pacing)).expect("paced");
+        write(&at_once, "test", 42, &hash, &body, None).expect("at once");
+        let written = fs::read(&paced).expect("paced file");
+        assert_eq!(written, fs::read(&at_once).expect("file"));
         let loaded = read::<Vec<u64>>(&paced, "test")
             .expect("sound")
             .expect("present");
         assert_eq!((loaded.position, loaded.event_hash), (42, hash));
         assert_eq!(loaded.body, body);
+        // The header written over the placeholder names the body's real hash.
+        let split = written.iter().position(|b| *b == b'\n').expect("header");
+        let header: Header = serde_json::from_slice(&written[..split]).expect("header");
+        assert_eq!(
+            header.body_sha256,
+            hex::encode(Sha256::digest(&written[split + 1..]))
+        );
+        assert_ne!(header.body_sha256, hex::encode([0u8; 32]));
+        assert_eq!(written.len() - split - 1, encoded_len);
+    }
+
+    #[test]
+    fn a_body_that_cannot_be_serialized_is_an_error_and_leaves_no_checkpoint() {
+        struct Unserializable;
+        impl Serialize for Unserializable {
+            fn serialize<S: serde::Serializer>(
+                &self,
+                _: S,
+            ) -> std::result::Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom("refused"))
+            }
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let at = path(dir.path(), "bad");
+        let err = write(&at, "bad", 1, &[0; 32], &Unserializable, None).expect_err("refused");
+        assert!(
+            matches!(err, Error::Invalid { ref reason } if reason.contains("refused")),
+            "{err:?}"
+        );
+        assert!(!at.exists());
+        assert_eq!(
+            fs::read_dir(dir.path().join(CHECKPOINT_DIR))
+                .expect("dir")
+                .count(),
+            0
+        );
     }
 }

@@ -192,20 +192,19 @@ impl Drop for Projections {
     }
 }
 
-/// Serializes `snapshot` and writes it as the read model's checkpoint at `path` (`pacing`: see
-/// [`checkpoint::write_encoded_paced`]).
+/// Writes `snapshot` as the read model's checkpoint at `path` (`pacing`: see
+/// [`checkpoint::write`]).
 fn write_snapshot(
     path: &Path,
     snapshot: &PersistedSnapshot,
     pacing: Option<checkpoint::Pacing>,
 ) -> Result<()> {
-    let body = checkpoint::encode(READ_MODEL, &snapshot.persisted())?;
-    checkpoint::write_encoded_paced(
+    checkpoint::write(
         path,
         READ_MODEL,
         snapshot.applied(),
         snapshot.hash(),
-        &body,
+        &snapshot.persisted(),
         pacing,
     )
 }
