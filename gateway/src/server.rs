@@ -210,7 +210,9 @@ pub async fn serve(
         None => None,
     };
     let stop_follow = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let follower = projections.follow(stop_follow.clone());
+    let follower = projections
+        .follow(stop_follow.clone())
+        .context("start the projection follower")?;
     let reconciler = start_reconciler(&args.hypervisor, leadership, &log, projections.clone())?;
     // Snapshots, restores and clones: resumed at start, re-driven on a timer and after writes.
     let sagas = crate::sagas::Sagas::new(commands.clone(), projections.clone());

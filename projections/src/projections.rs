@@ -4,6 +4,7 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -521,38 +522,93 @@ impl Projections {
         }
     }
 
-    /// Follows the log on a thread of its own until `stop` is set: catches up as events arrive
-    /// (checkpointing as configured), at most once per
-    /// [`ProjectionOptions::follow_interval_ms`], so reads rarely have a long tail to apply.
-    /// Waking once per commit cost a busy log a thread switch per group commit and folded
-    /// one small group at a time: with 64 clients creating VMs, ~10% of the processor time
-    /// per create went to the follower's wake-ups and passes.
-    pub fn follow(self: &Arc<Self>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-        let this = Arc::clone(self);
+    /// Follows the log until `stop` is set: catches up as events arrive (checkpointing as
+    /// configured), at most once per [`ProjectionOptions::follow_interval_ms`], so reads rarely
+    /// have a long tail to apply. Waking once per commit cost a busy log a thread switch per
+    /// group commit and folded one small group at a time: with 64 clients creating VMs, ~10%
+    /// of the processor time per create went to the follower's wake-ups and passes.
+    ///
+    /// Two threads. `projections-gate`, at the lowest processor priority
+    /// ([`lower_this_threads_priority`]), waits for new events and the interval, frees the
+    /// states the command path evicted from the state cache, and then tells
+    /// `projections-follower` (at the usual priority) to catch up. So a pass starts when a
+    /// processor has nothing else to run, instead of taking one from a thread answering
+    /// requests when its timer fires; freeing evicted states, about half the follower's
+    /// processor time, waits for such a processor too. The gate holds no lock while it waits
+    /// for a processor; every lock is taken by the follower, at the usual priority, so no one
+    /// waits on a thread that only runs when a processor is idle. Should the gate get no
+    /// processor for long (a machine busy to the full), reads catch up themselves, as they
+    /// always do, and the cache frees past its bound itself.
+    ///
+    /// The returned handle's thread ends after the gate's.
+    pub fn follow(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
         let interval = Duration::from_millis(self.options.follow_interval_ms);
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let next = this.position().next();
-                if let Err(e) = this.log.wait_for(next, Duration::from_millis(200)) {
+        // One pass asked for at a time: asks while a pass runs fold into the next one.
+        let (ask, asked) = std::sync::mpsc::sync_channel::<()>(1);
+        let gate = {
+            let this = Arc::clone(self);
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("projections-gate".into())
+                .spawn(move || this.gate(&stop, interval, &ask))?
+        };
+        let this = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("projections-follower".into())
+            .spawn(move || {
+                this.catch_up_when_asked(&stop, &asked);
+                // The gate sees `stop` within its longest wait, or this end of the channel
+                // gone.
+                drop(asked);
+                if gate.join().is_err() {
+                    tracing::error!("the projection gate thread panicked");
+                }
+            })
+    }
+
+    /// The gate's loop (see [`Projections::follow`]); ends when `stop` is set or the follower
+    /// is gone.
+    fn gate(&self, stop: &AtomicBool, interval: Duration, ask: &SyncSender<()>) {
+        lower_this_threads_priority();
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let next = self.position().next();
+            match self.log.wait_for(next, Duration::from_millis(200)) {
+                Ok(head) if head >= next => {
+                    if let Err(TrySendError::Disconnected(())) = ask.try_send(()) {
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
                     tracing::warn!(error = %e, "projection follower: waiting for the log failed");
                     std::thread::sleep(Duration::from_millis(200));
-                    continue;
-                }
-                let started = Instant::now();
-                if let Err(e) = this.catch_up() {
-                    tracing::error!(error = %e, "projection follower: catching up failed");
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                // The states the command path evicted meanwhile, freed here rather than on
-                // the thread answering a write.
-                this.cache.reap();
-                // The rest of the interval: the commits meanwhile are folded in one pass.
-                let left = interval.saturating_sub(started.elapsed());
-                if !left.is_zero() && !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(left);
                 }
             }
-        })
+            self.cache.reap();
+            // The rest of the interval: the commits meanwhile are folded in one pass.
+            let left = interval.saturating_sub(started.elapsed());
+            if !left.is_zero() && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(left);
+            }
+        }
+        self.cache.reap();
+    }
+
+    /// The follower's loop (see [`Projections::follow`]): a pass each time the gate asks.
+    fn catch_up_when_asked(&self, stop: &AtomicBool, asked: &Receiver<()>) {
+        while !stop.load(Ordering::Relaxed) {
+            match asked.recv_timeout(Duration::from_millis(200)) {
+                Ok(()) => {
+                    if let Err(e) = self.catch_up() {
+                        tracing::error!(error = %e, "projection follower: catching up failed");
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
     }
 
     /// The stream of `kind` `namespace/name` as the read model knows it. For

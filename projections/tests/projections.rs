@@ -428,7 +428,9 @@ fn list_then_watch_misses_nothing_and_repeats_nothing_under_concurrent_writers()
         let projections = Arc::new(
             Projections::in_memory(Arc::clone(&env.log), common::options()).expect("in memory"),
         );
-        projections.follow(Arc::clone(&stop))
+        projections
+            .follow(Arc::clone(&stop))
+            .expect("follower threads")
     };
     std::thread::sleep(Duration::from_millis(30));
     let list = env
@@ -480,6 +482,71 @@ fn list_then_watch_misses_nothing_and_repeats_nothing_under_concurrent_writers()
         .expect("list");
     let now_names: BTreeSet<String> = now.items.iter().map(|v| v.name.clone()).collect();
     assert_eq!(names, now_names);
+}
+
+/// The policy of each of this process's threads whose name starts with `prefix` (Linux keeps
+/// 15 bytes of a thread's name).
+fn thread_policies(prefix: &str) -> Vec<i32> {
+    let mut policies = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .expect("tasks")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let Ok(tid) = task.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+            continue;
+        };
+        if comm.trim_end().starts_with(prefix) {
+            // SAFETY: `sched_getscheduler` takes a plain integer (a thread of this process).
+            policies.push(unsafe { libc::sched_getscheduler(tid) });
+        }
+    }
+    policies
+}
+
+#[test]
+fn the_follower_catches_up_unasked_and_only_its_gate_runs_at_idle_priority() {
+    let env = env();
+    // Projections of their own, which no write and no read here catches up: only the
+    // follower moves them.
+    let projections = Arc::new(
+        Projections::in_memory(Arc::clone(&env.log), common::options()).expect("in memory"),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = projections
+        .follow(Arc::clone(&stop))
+        .expect("follower threads");
+    for i in 0..20 {
+        env.apply_vm("alice", vm("follow", &format!("vm-{i}"), "128Mi"));
+    }
+    let head = env.log.head();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while projections.position() < head && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(projections.position(), head, "the follower caught up");
+    // Other tests may follow too: every gate is idle, every follower is not.
+    let gates = thread_policies("projections-gat");
+    let followers = thread_policies("projections-fol");
+    assert!(
+        !gates.is_empty() && !followers.is_empty(),
+        "{gates:?} {followers:?}"
+    );
+    assert!(gates.iter().all(|p| *p == libc::SCHED_IDLE), "{gates:?}");
+    assert!(
+        followers.iter().all(|p| *p == libc::SCHED_OTHER),
+        "{followers:?}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    follower.join().expect("follower");
+    assert_eq!(
+        projections
+            .list(Kind::VirtualMachine, Some("follow"), None)
+            .expect("list")
+            .items
+            .len(),
+        20
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
