@@ -46,6 +46,23 @@ use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, FileLog, Proposed
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+const USAGE: &str = "\
+Load generator for the gRPC gateway: VM creates, updates, dry-run creates and health checks
+against a real server in this process, beside the log's own append throughput.
+
+Usage: gateway-load [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
+
+  CLIENTS         concurrent clients (default: 1, 16 and 64 in turn)
+  SECONDS         length of each phase (default 5)
+  BACKEND         sled or file (default sled)
+  CLIENT_THREADS  threads of the load clients' runtime (default 1)
+  SERVER_WORKERS  the server runtime's workers (default: as `vmplane serve`)
+
+Environment: GATEWAY_LOAD_TAIL=1 also prints each phase's latency tail and when its slowest
+1% were sent.
+
+Example: cargo run --release -p vmplane-benches --bin gateway-load -- 64 6 file";
+
 /// Channels the clients share (HTTP/2 multiplexes the rest).
 const CHANNELS: usize = 4;
 
@@ -316,23 +333,37 @@ fn log_baseline(backend: Backend, writers: usize, run: Duration) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let levels: Vec<usize> = match args.first() {
-        Some(n) => vec![n.parse()?],
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    // The `index`th argument, `what`, as a number (`None` when not given).
+    let number = |index: usize, what: &str| -> anyhow::Result<Option<u64>> {
+        args.get(index)
+            .map(|s| {
+                s.parse::<u64>().map_err(|e| {
+                    anyhow::anyhow!("{what} {s:?}: {e} (a whole number; --help for usage)")
+                })
+            })
+            .transpose()
+    };
+    let levels: Vec<usize> = match number(0, "CLIENTS")? {
+        Some(n) => vec![usize::try_from(n)?],
         None => vec![1, 16, 64],
     };
-    let run = Duration::from_secs(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(5));
+    let run = Duration::from_secs(number(1, "SECONDS")?.unwrap_or(5));
     let backend = match args.get(2).map(String::as_str) {
         None | Some("sled") => Backend::Sled,
         Some("file") => Backend::File,
-        Some(other) => anyhow::bail!("backend {other}: expected sled or file"),
+        Some(other) => anyhow::bail!("BACKEND {other:?}: expected sled or file"),
     };
-    let client_threads: usize = args.get(3).map(|s| s.parse()).transpose()?.unwrap_or(1);
-    anyhow::ensure!(client_threads > 0, "client threads: at least 1");
-    let server_workers: usize = match args.get(4) {
-        Some(n) => n.parse()?,
+    let client_threads = usize::try_from(number(3, "CLIENT_THREADS")?.unwrap_or(1))?;
+    anyhow::ensure!(client_threads > 0, "CLIENT_THREADS: at least 1");
+    let server_workers = match number(4, "SERVER_WORKERS")? {
+        Some(n) => usize::try_from(n)?,
         None => vmplane_gateway::server::default_worker_threads(),
     };
-    anyhow::ensure!(server_workers > 0, "server workers: at least 1");
+    anyhow::ensure!(server_workers > 0, "SERVER_WORKERS: at least 1");
     println!(
         "backend: {}, load clients on {client_threads} thread(s), server on {server_workers} \
          worker(s)",
