@@ -586,6 +586,49 @@ pub fn expand(
     it: Option<&InstancetypeSpec>,
     pref: Option<&PreferenceSpec>,
 ) -> Result<VirtualMachine, Rejection> {
+    check_expandable(vm, it, pref)?;
+    let mut out = vm.clone();
+    let template = out.spec.template.get_or_insert_with(Default::default);
+    let mut annotations = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    let spec = template.spec.get_or_insert_with(Default::default);
+    expand_in_place(spec, &mut annotations, it, pref);
+    if !annotations.is_empty() {
+        template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .annotations = Some(annotations);
+    }
+    out.spec.instancetype = None;
+    out.spec.preference = None;
+    Ok(out)
+}
+
+/// The template's VMI spec of [`expand`]'s VM, without copying or building the rest of the VM
+/// (what the features a VM requests are read from, on every create and edit); the same
+/// checks and the same result.
+pub fn expand_vmi_spec(
+    vm: &VirtualMachine,
+    it: Option<&InstancetypeSpec>,
+    pref: Option<&PreferenceSpec>,
+) -> Result<VmiSpec, Rejection> {
+    check_expandable(vm, it, pref)?;
+    let mut spec = vm.vmi_spec().cloned().unwrap_or_default();
+    // The annotations the matchers add go to the template's metadata, not its spec.
+    let mut annotations = JsonMap::new();
+    expand_in_place(&mut spec, &mut annotations, it, pref);
+    Ok(spec)
+}
+
+/// What [`expand`] refuses: a matcher whose object was not provided, or what [`check`] finds.
+fn check_expandable(
+    vm: &VirtualMachine,
+    it: Option<&InstancetypeSpec>,
+    pref: Option<&PreferenceSpec>,
+) -> Result<(), Rejection> {
     if vm.spec.instancetype.is_some() && it.is_none() {
         return Err(Rejection::not_found(
             "spec.instancetype",
@@ -600,21 +643,23 @@ pub fn expand(
             "the referenced preference was not provided",
         ));
     }
-    check(vm, it, pref)?;
-    let mut out = vm.clone();
-    let template = out.spec.template.get_or_insert_with(Default::default);
-    let mut annotations = template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.clone())
-        .unwrap_or_default();
-    let spec = template.spec.get_or_insert_with(Default::default);
+    check(vm, it, pref)
+}
+
+/// [`expand`]'s changes to the template's VMI spec (and to its annotations): default devices,
+/// the instancetype, the preference, the VMI defaults.
+fn expand_in_place(
+    spec: &mut VmiSpec,
+    annotations: &mut JsonMap,
+    it: Option<&InstancetypeSpec>,
+    pref: Option<&PreferenceSpec>,
+) {
     crate::defaults::attach_default_devices(spec);
     if let Some(it) = it {
-        apply_instancetype(spec, &mut annotations, it, pref);
+        apply_instancetype(spec, annotations, it, pref);
     }
     if let Some(pref) = pref {
-        apply_preference(spec, &mut annotations, pref);
+        apply_preference(spec, annotations, pref);
     }
     let pd = pref.and_then(|p| p.devices.as_ref());
     crate::defaults::vmi_spec(
@@ -622,13 +667,4 @@ pub fn expand(
         pd.and_then(|d| d.preferred_input_bus.as_deref()),
         pd.and_then(|d| d.preferred_input_type.as_deref()),
     );
-    if !annotations.is_empty() {
-        template
-            .metadata
-            .get_or_insert_with(Default::default)
-            .annotations = Some(annotations);
-    }
-    out.spec.instancetype = None;
-    out.spec.preference = None;
-    Ok(out)
 }

@@ -534,9 +534,17 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
 /// The features the VM's next VMI would request: its spec expanded with the captured
 /// instancetype and preference, or the stored spec if that cannot be expanded.
 fn requested_of(s: &VmState) -> Vec<FeatureUse> {
-    match s.expand() {
-        Ok(vm) => features::vm_features_requested(&vm),
-        Err(_) => {
+    let expanded = s.vm.as_deref().map(|vm| {
+        instancetype::expand_vmi_spec(
+            vm,
+            s.instancetype.as_ref().map(|c| &c.object.spec),
+            s.preference.as_ref().map(|c| &c.object.spec),
+        )
+    });
+    match expanded {
+        // What `vm_features_requested` of the expanded VM reads, without the rest of the VM.
+        Some(Ok(spec)) => features::features_requested(&spec, "spec.template.spec"),
+        _ => {
             s.vm.as_deref()
                 .map(features::vm_features_requested)
                 .unwrap_or_default()

@@ -691,3 +691,43 @@ fn a_vm_status_text_lists_kubevirts_keys_in_order_then_vmplanes() {
     let tree = lifecycle::render_status(&state, &features, now).expect("live");
     assert_eq!(tree.to_string(), text);
 }
+
+#[test]
+fn the_expanded_vmi_spec_alone_is_the_expanded_vms_for_every_testdata_vm_and_matcher() {
+    // `expand_vmi_spec` (what a VM's requested features are read from on every create) must
+    // give exactly the template spec of `expand`'s VM, and refuse exactly what it refuses.
+    let same = |vm: &VirtualMachine, it: Option<&Instancetype>, pref: Option<&Preference>| {
+        let (it, pref) = (it.map(|i| &i.spec), pref.map(|p| &p.spec));
+        match (
+            instancetype::expand_vmi_spec(vm, it, pref),
+            expand(vm, it, pref),
+        ) {
+            (Ok(spec), Ok(full)) => assert_eq!(Some(&spec), full.vmi_spec()),
+            (Err(a), Err(b)) => assert_eq!(a, b),
+            (a, b) => panic!("{:?} against {:?}", a.map(|_| ()), b.map(|_| ())),
+        }
+    };
+    let mut vms = 0;
+    for path in testdata_files() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for m in types::parse_manifests(text.as_bytes()).unwrap() {
+            if let Manifest::VirtualMachine(vm) = m {
+                same(&vm, None, None);
+                vms += 1;
+            }
+        }
+    }
+    assert!(vms >= 10, "{vms} VMs");
+    let prefs = ["fedora", "windows.11", "rhel.9"].map(cluster_pref);
+    for size in ["nano", "medium", "2xlarge"] {
+        let it = u1(size);
+        same(&referencing(&format!("u1.{size}"), None), Some(&it), None);
+        for pref in &prefs {
+            let vm = referencing(&format!("u1.{size}"), Some(pref.metadata.name_str()));
+            same(&vm, Some(&it), Some(pref));
+            // Refused alike: a matcher without its object.
+            same(&vm, None, Some(pref));
+            same(&vm, Some(&it), None);
+        }
+    }
+}
