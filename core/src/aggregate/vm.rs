@@ -18,7 +18,9 @@ use crate::features::{self, FeatureUse, Features};
 use crate::firmware::{FirmwareIdentity, claim_key, legacy_firmware_uuid};
 use crate::instancetype::{self, references};
 use crate::lifecycle::{self, DesiredAction, RunStrategy};
-use crate::types::{Instancetype, Kind, Preference, VirtualMachine, VmiSpec};
+use crate::types::{
+    Instancetype, InstancetypeSpec, Kind, Preference, PreferenceSpec, VirtualMachine, VmiSpec,
+};
 use crate::validate;
 
 /// Whether the name holds a live VM.
@@ -180,14 +182,36 @@ impl VmState {
 
     /// The VM fully rendered with its captured instancetype and preference.
     pub fn expand(&self) -> Result<VirtualMachine, Rejection> {
+        let (vm, it, pref) = self.expansion_inputs()?;
+        instancetype::expand(vm, it, pref)
+    }
+
+    /// The template spec of [`VmState::expand`]'s VM, without the rest of the VM
+    /// ([`instancetype::expand_vmi_spec`]).
+    pub fn expand_vmi_spec(&self) -> Result<VmiSpec, Rejection> {
+        let (vm, it, pref) = self.expansion_inputs()?;
+        instancetype::expand_vmi_spec(vm, it, pref)
+    }
+
+    /// The stored VM with the captured instancetype's and preference's specs.
+    fn expansion_inputs(
+        &self,
+    ) -> Result<
+        (
+            &VirtualMachine,
+            Option<&InstancetypeSpec>,
+            Option<&PreferenceSpec>,
+        ),
+        Rejection,
+    > {
         let vm = self.vm.as_deref().ok_or_else(|| {
             Rejection::not_found("", codes::NOT_FOUND, "VirtualMachine not found")
         })?;
-        instancetype::expand(
+        Ok((
             vm,
             self.instancetype.as_ref().map(|c| &c.object.spec),
             self.preference.as_ref().map(|c| &c.object.spec),
-        )
+        ))
     }
 }
 
@@ -534,17 +558,10 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
 /// The features the VM's next VMI would request: its spec expanded with the captured
 /// instancetype and preference, or the stored spec if that cannot be expanded.
 fn requested_of(s: &VmState) -> Vec<FeatureUse> {
-    let expanded = s.vm.as_deref().map(|vm| {
-        instancetype::expand_vmi_spec(
-            vm,
-            s.instancetype.as_ref().map(|c| &c.object.spec),
-            s.preference.as_ref().map(|c| &c.object.spec),
-        )
-    });
-    match expanded {
+    match s.expand_vmi_spec() {
         // What `vm_features_requested` of the expanded VM reads, without the rest of the VM.
-        Some(Ok(spec)) => features::features_requested(&spec, "spec.template.spec"),
-        _ => {
+        Ok(spec) => features::features_requested(&spec, "spec.template.spec"),
+        Err(_) => {
             s.vm.as_deref()
                 .map(features::vm_features_requested)
                 .unwrap_or_default()
