@@ -70,8 +70,8 @@ const UNPACED_PIECE_BYTES: usize = 256 * 1024;
 /// then the usual sync), so that it never keeps the disk busy for long at a time.
 ///
 /// The body is serialized straight into the file, a piece at a time, and hashed on the way:
-/// no buffer of the whole body (~30 MB for 100,000 streams, whose page faults and, once
-/// freed, unmapping cost every thread of the process). The header, whose length does not
+/// no buffer of the whole body (~30 MB for 100,000 streams, faulted in and unmapped again at
+/// every checkpoint while requests are answered). The header, whose length does not
 /// depend on the hash, is written first with a placeholder hash and overwritten in place
 /// once the body is written.
 pub fn write<T: Serialize>(
