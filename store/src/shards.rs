@@ -16,6 +16,9 @@ use foldhash::fast::RandomState;
 /// Maps an index is spread over (a power of two).
 pub const SHARDS: usize = 64;
 
+// `shard_of` takes the top log2(SHARDS) bits of a hash: only a power of two covers every shard.
+const _: () = assert!(SHARDS.is_power_of_two());
+
 /// A `HashMap<K, V>` spread over [`SHARDS`] maps by a hash of its own (each map hashes with
 /// another key, so the keys of one map still spread over its table).
 pub struct ShardedMap<K, V> {
