@@ -352,6 +352,39 @@ fn flow_depth_over(text: &str, limit: usize) -> Option<usize> {
     None
 }
 
+/// Whether `[`/`{` nest deeper than `limit` outside the strings of a JSON text: what
+/// [`flow_depth_over`] says of valid JSON (which has no comments and no single quotes), with
+/// less to decide per byte: a string is skipped to its closing quote without looking at what
+/// it holds. On invalid JSON the answer means nothing, and the text's parse fails anyway.
+fn json_depth_over(text: &[u8], limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut bytes = text.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'"' => {
+                while let Some(&c) = bytes.next() {
+                    match c {
+                        b'"' => break,
+                        b'\\' => {
+                            bytes.next();
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Parses a YAML or JSON file of one or more documents into raw JSON values, enforcing every
 /// limit: the byte size is checked before anything is parsed; nesting depth, node count (after
 /// alias expansion) and string lengths after. Empty documents are skipped.
@@ -494,7 +527,7 @@ fn parse_json_fast(text: &str) -> Option<Manifest> {
     // A scalar sits one level below its object: brackets nested at most one less than the
     // limit keep every node within it (the count is exact for valid JSON; invalid JSON fails
     // below).
-    if flow_depth_over(text, MANIFEST_DEPTH_MAX - 1).is_some() {
+    if json_depth_over(text.as_bytes(), MANIFEST_DEPTH_MAX - 1) {
         return None;
     }
     let header: TypeHeader<'_> = serde_json::from_str(text).ok()?;
@@ -769,6 +802,47 @@ mod fast_json_tests {
             let fast = parse_json_fast(text).unwrap_or_else(|| panic!("not read fast: {text}"));
             assert_eq!(fast, general(text).unwrap(), "{text}");
             assert_eq!(parse_manifest(text.as_bytes()).unwrap(), fast);
+        }
+    }
+
+    /// Any JSON value, nested up to 24 deep, with strings full of brackets, quotes,
+    /// backslashes and comment signs.
+    fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let text = "[\\[\\]{}\"'\\\\#a :,\n]{0,10}";
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            text.prop_map(Value::from),
+        ];
+        leaf.prop_recursive(24, 200, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec((text, inner), 0..4)
+                    .prop_map(|entries| Value::Object(entries.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_json_depth_scan_says_what_the_general_scan_says_of_any_json(
+            value in any_json(),
+            pretty in proptest::bool::ANY,
+            limit in 0usize..16,
+        ) {
+            let text = if pretty {
+                serde_json::to_string_pretty(&value)
+            } else {
+                serde_json::to_string(&value)
+            }
+            .expect("a JSON value serializes");
+            proptest::prop_assert_eq!(
+                json_depth_over(text.as_bytes(), limit),
+                flow_depth_over(&text, limit).is_some(),
+                "{}", text
+            );
         }
     }
 

@@ -79,9 +79,10 @@ pub struct VirtualMachineSpec {
     /// The preference reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preference: Option<Matcher>,
-    /// The VMI template.
+    /// The VMI template. Boxed: inline it made up 2.4 of the VM's 3.4 KB, and reading a VM
+    /// moves each value up through every struct that holds it (creates/s 1.03x).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template: Option<VmiTemplateSpec>,
+    pub template: Option<Box<VmiTemplateSpec>>,
     /// Everything else (`dataVolumeTemplates`, `updateVolumesStrategy`, …).
     #[serde(flatten)]
     pub extra: JsonMap,
