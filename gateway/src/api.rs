@@ -124,8 +124,7 @@ fn target(p: &Principal, access: Access, rf: Option<pb::ObjectRef>) -> Result<Ta
     let rf = rf.unwrap_or_default();
     let kind = parse_kind(&rf.kind)?;
     let namespace = namespace_or_default(&rf.namespace);
-    authorize(p, access, kind, &namespace, Some(&rf.name))?;
-    let object = describe(kind, &namespace, &rf.name);
+    let object = authorize(p, access, kind, &namespace, &rf.name)?;
     Ok(Target {
         kind,
         namespace,
@@ -134,8 +133,8 @@ fn target(p: &Principal, access: Access, rf: Option<pb::ObjectRef>) -> Result<Ta
     })
 }
 
-/// Checks `access` to `kind` objects of `namespace`, and records on the request's span the
-/// object it names (`name`; `None` for a list). Kinds decided for the whole cluster
+/// Checks `access` to the object `kind` `namespace/name` and records it on the request's
+/// span; returns how messages name it ([`describe`]). Kinds decided for the whole cluster
 /// ([`Kind::cluster_wide`]: the cluster-scoped kinds and the cluster config, KubeVirt) ignore
 /// the namespace, whatever the request or the manifest names: every authenticated principal
 /// reads them, only an admin changes them.
@@ -144,13 +143,30 @@ fn authorize(
     access: Access,
     kind: Kind,
     namespace: &str,
-    name: Option<&str>,
+    name: &str,
+) -> Result<String, Status> {
+    let object = describe(kind, namespace, name);
+    record_object(&object);
+    check_access(p, access, kind, namespace)?;
+    Ok(object)
+}
+
+/// [`authorize`] for every `kind` object of `namespace` (a list).
+fn authorize_list(
+    p: &Principal,
+    access: Access,
+    kind: Kind,
+    namespace: &str,
 ) -> Result<(), Status> {
     let ns = (!kind.cluster_wide()).then_some(namespace);
-    match name {
-        Some(name) => record_object(&describe(kind, namespace, name)),
-        None => record_object(&format!("{} {}", kind.as_str(), ns.unwrap_or("-"))),
-    }
+    record_object(&format!("{} {}", kind.as_str(), ns.unwrap_or("-")));
+    check_access(p, access, kind, namespace)
+}
+
+/// Whether `p` may `access` `kind` objects of `namespace` (any namespace for a cluster-wide
+/// kind).
+fn check_access(p: &Principal, access: Access, kind: Kind, namespace: &str) -> Result<(), Status> {
+    let ns = (!kind.cluster_wide()).then_some(namespace);
     if p.may(access, ns) {
         return Ok(());
     }
@@ -481,8 +497,7 @@ impl pb::objects_server::Objects for Api {
             manifest.metadata_mut().namespace = Some(namespace.clone());
         }
         let name = manifest.metadata().name_str().to_string();
-        authorize(&p, Access::Write, kind, &namespace, Some(&name))?;
-        let object = describe(kind, &namespace, &name);
+        let object = authorize(&p, Access::Write, kind, &namespace, &name)?;
         // Snapshots, restores and clones: `apply` starts (or continues) their saga.
         let saga = match &self.sagas {
             Some(sagas) if !r.dry_run && crate::sagas::is_saga_kind(kind) => {
@@ -647,13 +662,13 @@ impl pb::objects_server::Objects for Api {
         // decided for the whole cluster (the cluster config too) are listed whatever the
         // namespace, as they are read by name.
         let (scope, readable) = if kind.cluster_wide() {
-            authorize(&p, Access::Read, kind, &namespace, None)?;
+            authorize_list(&p, Access::Read, kind, &namespace)?;
             (None, None)
         } else if r.all_namespaces {
             record_object(&format!("{} (all namespaces)", kind.as_str()));
             (None, p.readable_namespaces())
         } else {
-            authorize(&p, Access::Read, kind, &namespace, None)?;
+            authorize_list(&p, Access::Read, kind, &namespace)?;
             (Some(namespace), None)
         };
         let projections = self.projections.clone();
@@ -814,8 +829,7 @@ impl pb::objects_server::Objects for Api {
                     )));
                 }
                 let namespace = namespace_or_default(&rf.namespace);
-                authorize(&p, Access::Read, kind, &namespace, Some(&rf.name))?;
-                let object = describe(kind, &namespace, &rf.name);
+                let object = authorize(&p, Access::Read, kind, &namespace, &rf.name)?;
                 let reader = p.clone();
                 blocking(move || {
                     let vm = commands
@@ -842,18 +856,13 @@ impl pb::objects_server::Objects for Api {
                     _ => namespace_or_default(&r.namespace),
                 };
                 manifest.metadata_mut().namespace = Some(namespace.clone());
-                authorize(
+                let object = authorize(
                     &p,
                     Access::Read,
                     Kind::VirtualMachine,
                     &namespace,
-                    Some(manifest.metadata().name_str()),
-                )?;
-                let object = describe(
-                    Kind::VirtualMachine,
-                    &namespace,
                     manifest.metadata().name_str(),
-                );
+                )?;
                 let reader = p.clone();
                 blocking(move || {
                     let vm = commands
@@ -906,14 +915,7 @@ impl Api {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
         let namespace = namespace_or_default(&r.namespace);
-        authorize(
-            &p,
-            Access::Write,
-            Kind::VirtualMachine,
-            &namespace,
-            Some(&r.name),
-        )?;
-        let object = describe(Kind::VirtualMachine, &namespace, &r.name);
+        let object = authorize(&p, Access::Write, Kind::VirtualMachine, &namespace, &r.name)?;
         let meta = meta(&p, request_id(&r.request_id)?);
         let command = Command::Vm {
             namespace,
