@@ -1,5 +1,6 @@
 //! The file backend's own promises, beyond the contract every backend keeps: a torn last record
-//! (a commit cut short by a crash, never acknowledged) is cut off at open; damage anywhere
+//! (a commit cut short by a crash, never acknowledged) is cut off at open, and zeros after the
+//! last record are room, not damage; damage anywhere
 //! before it is refused, naming the position; one process holds a directory at a time; `verify`
 //! reads what is stored, not what is in memory.
 
@@ -59,15 +60,15 @@ fn a_torn_last_record_is_cut_off_at_open_and_the_log_goes_on() {
     let log = FileLog::open(dir.path()).expect("open");
     append(&log, "vm/a", 2);
     append(&log, "vm/b", 1);
+    let whole = log.records_end();
     drop(log);
-    let whole = file_len(dir.path());
     // The head record as a crash during the next commit would leave it (the close below
     // records the third commit too).
     let recorded = std::fs::read(dir.path().join(HEAD_RECORD_FILE)).expect("head record");
     let log = FileLog::open(dir.path()).expect("reopen");
     append(&log, "vm/a", 3);
+    let with_third = log.records_end();
     drop(log);
-    let with_third = file_len(dir.path());
     std::fs::write(dir.path().join(HEAD_RECORD_FILE), &recorded).expect("head record");
     // The third commit's record, half written.
     let torn = (with_third - whole) / 2;
@@ -101,11 +102,11 @@ fn a_last_record_the_head_record_says_was_committed_is_never_cut() {
     let dir = tempfile::tempdir().expect("temp dir");
     let log = FileLog::open(dir.path()).expect("open");
     append(&log, "vm/a", 2);
-    let first_end = file_len(dir.path());
+    let first_end = log.records_end();
     append(&log, "vm/a", 2);
+    let len = log.records_end();
     // A clean close records the head (position 4).
     drop(log);
-    let len = file_len(dir.path());
     // The last record damaged, or the file cut short: either looks like a torn write.
     let file = open_log_file(dir.path());
     file.set_len(first_end + (len - first_end) / 2)
@@ -129,20 +130,77 @@ fn a_last_record_the_head_record_says_was_committed_is_never_cut() {
 }
 
 #[test]
-fn a_zero_filled_tail_is_cut_off_at_open() {
+fn zeros_after_the_last_record_are_room_and_the_next_records_overwrite_them() {
     let dir = tempfile::tempdir().expect("temp dir");
     let log = FileLog::open(dir.path()).expect("open");
     append(&log, "vm/a", 1);
+    append(&log, "vm/a", 1);
+    let end = log.records_end();
+    // The committer has written room after the records: zeros, up to the file's end.
+    let len = file_len(dir.path());
+    assert!(
+        len > end,
+        "room after the records: file {len}, records {end}"
+    );
+    let mut room = vec![1u8; (len - end) as usize];
+    open_log_file(dir.path())
+        .read_exact_at(&mut room, end)
+        .expect("read the room");
+    assert!(room.iter().all(|b| *b == 0), "the room is zeros");
     drop(log);
-    let whole = file_len(dir.path());
-    // What a file extended but never written can hold after a power loss.
-    let file = open_log_file(dir.path());
-    file.set_len(whole + 4096).expect("extend");
-    drop(file);
+    // More zeros, as a file extended but never written can hold after a power loss.
+    open_log_file(dir.path())
+        .set_len(file_len(dir.path()) + 4096)
+        .expect("extend");
+    let extended = file_len(dir.path());
     let log = FileLog::open(dir.path()).expect("open");
-    assert_eq!(log.open_report().torn_tail_bytes, 4096);
-    assert_eq!(log.head(), Position(1));
-    assert_eq!(file_len(dir.path()), whole);
+    assert_eq!(
+        log.open_report().torn_tail_bytes,
+        0,
+        "zeros are not a torn record"
+    );
+    assert_eq!((log.head(), log.records_end()), (Position(2), end));
+    assert_eq!(file_len(dir.path()), extended, "nothing is cut");
+    append(&log, "vm/a", 1);
+    assert!(log.records_end() > end);
+    drop(log);
+    let log = FileLog::open(dir.path()).expect("reopen");
+    assert_eq!(log.open_report().torn_tail_bytes, 0);
+    assert_eq!(log.verify(&accept_all).expect("verify").events, 3);
+    assert_eq!(log.stream_revision("vm/a").expect("revision"), Some(3));
+}
+
+#[test]
+fn a_torn_last_record_followed_by_room_is_cut_off_at_open() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 1);
+    let first_end = log.records_end();
+    drop(log);
+    let recorded = std::fs::read(dir.path().join(HEAD_RECORD_FILE)).expect("head record");
+    let log = FileLog::open(dir.path()).expect("reopen");
+    append(&log, "vm/a", 2);
+    let second_end = log.records_end();
+    drop(log);
+    std::fs::write(dir.path().join(HEAD_RECORD_FILE), &recorded).expect("head record");
+    // The second record's second half never reached the disk: zeros, like the room after it.
+    let half = first_end + (second_end - first_end) / 2;
+    open_log_file(dir.path())
+        .write_all_at(&vec![0u8; (second_end - half) as usize], half)
+        .expect("tear the second record");
+    let len = file_len(dir.path());
+    assert!(len > second_end, "room follows the torn record");
+
+    let log = FileLog::open(dir.path()).expect("open cuts the torn record off");
+    let report = log.open_report();
+    assert_eq!(report.torn_tail_bytes, len - first_end);
+    assert_eq!((report.events, report.records), (1, 1));
+    assert_eq!(log.records_end(), first_end);
+    append(&log, "vm/b", 1);
+    drop(log);
+    let log = FileLog::open(dir.path()).expect("reopen after the cut");
+    assert_eq!(log.open_report().torn_tail_bytes, 0);
+    assert_eq!(log.verify(&accept_all).expect("verify").events, 2);
 }
 
 #[test]
@@ -150,9 +208,9 @@ fn damage_before_the_last_record_is_refused_naming_its_position_and_changes_noth
     let dir = tempfile::tempdir().expect("temp dir");
     let log = FileLog::open(dir.path()).expect("open");
     append(&log, "vm/a", 1);
-    let first_end = file_len(dir.path());
+    let first_end = log.records_end();
     append(&log, "vm/b", 2);
-    let second_end = file_len(dir.path());
+    let second_end = log.records_end();
     append(&log, "vm/c", 1);
     drop(log);
     let len = file_len(dir.path());
@@ -181,12 +239,12 @@ fn verify_checks_the_stored_bytes_not_the_records_in_memory() {
     append(&log, "vm/a", 1);
     append(&log, "vm/a", 1);
     log.verify(&accept_all).expect("intact");
-    let len = file_len(dir.path());
+    let end = log.records_end();
     let file = open_log_file(dir.path());
     // The last byte belongs to the second record's last event.
     let mut byte = [0u8];
-    file.read_exact_at(&mut byte, len - 1).expect("read");
-    file.write_all_at(&[byte[0] ^ 1], len - 1).expect("flip");
+    file.read_exact_at(&mut byte, end - 1).expect("read");
+    file.write_all_at(&[byte[0] ^ 1], end - 1).expect("flip");
     drop(file);
     match log.verify(&accept_all) {
         Err(Error::Corrupt { position, .. }) => assert_eq!(position, Position(2)),

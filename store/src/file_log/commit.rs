@@ -20,6 +20,14 @@ use crate::log::AppendDecision as Decision;
 use crate::log::{IdLocation, Overlay, decide_append};
 use crate::types::{AppendRequest, AppendResult};
 
+/// Zeros the committer keeps written ahead of the records. An `fdatasync` of a commit that
+/// grows the file also commits the file system's journal (the new length); one that overwrites
+/// bytes the file has does not. Here (ext4, 4 KiB records): 8 KiB written and synced took
+/// 192 µs at the median into a growing file and 138 µs into zeros written before. Larger room
+/// costs its one growing commit more: with 4 KiB commits, the 99th percentile of a commit was
+/// 317 µs with no room, 246 µs with 64 KiB and 712 µs with 1 MiB.
+pub(super) const ROOM_BYTES: u64 = 64 << 10;
+
 /// One queued append.
 pub(super) struct Pending {
     pub request: AppendRequest,
@@ -61,6 +69,36 @@ impl Inner {
             || self.commit_group(group),
             |reason| self.poison(reason),
         );
+        // After the answers: a commit's appenders never wait for it.
+        self.keep_room();
+    }
+
+    /// Writes [`ROOM_BYTES`] of zeros after the file's end when less than half of that is left
+    /// ahead of the last record. Not synced: the next commit's `fdatasync` writes the zeros and
+    /// the new length with its record (one journal commit per `ROOM_BYTES`); the commits
+    /// after it overwrite zeros the file already has. A crash before that leaves zeros, or
+    /// nothing, after the last record: room either way. A failed write (a full disk) changes
+    /// nothing a record depends on; the next commit grows the file as it writes.
+    fn keep_room(&self) {
+        if self.poisoned.get().is_some() {
+            return;
+        }
+        let end = self.index().end_offset;
+        let room_end = self.room_end.load(Ordering::Relaxed).max(end);
+        if room_end - end >= ROOM_BYTES / 2 {
+            return;
+        }
+        static ZEROS: [u8; ROOM_BYTES as usize] = [0; ROOM_BYTES as usize];
+        match self.file.write_all_at(&ZEROS, room_end) {
+            Ok(()) => self
+                .room_end
+                .store(room_end + ROOM_BYTES, Ordering::Relaxed),
+            Err(error) => {
+                tracing::debug!(%error, "no room written ahead of the log's records");
+                let len = self.file.metadata().map_or(room_end, |m| m.len());
+                self.room_end.store(len, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Decides, writes and syncs one group; returns each request's result, in order, and the

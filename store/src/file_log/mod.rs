@@ -5,8 +5,11 @@
 //!   a frame (body length, CRC-32 of the body), the claim changes of the commit, and the
 //!   commit's events as one batch value — the very value the sled backend stores
 //!   ([`crate::batch`]), so each event is validated (rkyv's `bytecheck`) when it is read.
-//! - **Durability**: a commit is one positioned write at the end of the file and one
+//! - **Durability**: a commit is one positioned write after the last record and one
 //!   `fdatasync`, and only then acknowledged. The file and its directory are synced at creation.
+//!   The committer keeps zeroed room ahead of the records (`commit::ROOM_BYTES`), so a commit
+//!   usually overwrites bytes the file already has: its `fdatasync` then writes the data alone,
+//!   without the journal commit that a file growing on every commit needs for its size.
 //! - **Group commit**: appends, waited on or submitted, queue for the log's committer thread,
 //!   which takes what has queued (bounded by events and bytes), decides every request against
 //!   the in-memory indexes plus the effects of the requests before it in the group
@@ -23,8 +26,9 @@
 //!   stalls a commit while it grows; each stream's last revision is kept apart as well
 //!   (`tips`), so a command asking it never waits for a commit to reach the indexes.
 //! - **Crash**: a record that was being written when the machine stopped (a short frame, a
-//!   body shorter than its frame says, or a CRC that does not match, in the last record) was
-//!   never acknowledged; opening cuts it off and says so. Anything wrong before the last record
+//!   body shorter than its frame says, or a CRC that does not match, in the last record, which
+//!   zeros alone may follow) was never acknowledged; opening cuts it off and says so. Zeros
+//!   after the last record are room, not damage. Anything wrong before the last record
 //!   is damage: opening refuses with [`Error::Corrupt`] naming the position.
 //! - **Reads** stop at the durable head; the most recent records are kept in memory, so the
 //!   projections catching up after a write read no disk.
@@ -145,6 +149,9 @@ struct Inner {
     /// read lock until its append is decided, so a new term cannot begin in the middle of one.
     fences: LocalFences,
     commits: AtomicU64,
+    /// The file's length as the committer left it: the end of the zeroed room ahead of the
+    /// records (see [`commit::ROOM_BYTES`]). Only the committer changes it.
+    room_end: AtomicU64,
     /// Each stream's last revision, read without the indexes' lock (set under it, just after
     /// the head that includes it is published, so whoever is told a revision can read it).
     tips: Tips,
@@ -430,6 +437,10 @@ impl FileLog {
                 "cut off a partly written last record (a commit that was never acknowledged)"
             );
         }
+        let room_end = file
+            .metadata()
+            .map_err(io("reading the log file's size"))?
+            .len();
         let head = index.last_position;
         let tips = Tips::default();
         for (stream, runs) in index.streams.iter() {
@@ -448,6 +459,7 @@ impl FileLog {
             head_record,
             fences: LocalFences::default(),
             commits: AtomicU64::new(0),
+            room_end: AtomicU64::new(room_end),
             tips,
             poisoned: OnceLock::new(),
         });
@@ -481,6 +493,13 @@ impl FileLog {
     #[must_use]
     pub fn commits(&self) -> u64 {
         self.inner.commits.load(Ordering::Relaxed)
+    }
+
+    /// Where the last durable record ends in the file: the file is longer when the committer
+    /// has written zeroed room after it.
+    #[must_use]
+    pub fn records_end(&self) -> u64 {
+        self.inner.index().end_offset
     }
 
     /// Bytes the log takes on disk.

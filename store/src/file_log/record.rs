@@ -14,6 +14,10 @@
 //!
 //! All integers are little-endian. The batch starts 16-aligned within the body, and a body is
 //! read into a 16-aligned buffer, so events are read in place.
+//!
+//! Zeros may follow the last record up to the end of the file: room the committer wrote ahead
+//! of the records (see `ROOM_BYTES` in the committer), or a file extended and never written
+//! before a crash. Records end at the first frame that is all zeros with only zeros after it.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -203,20 +207,21 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
     }
     let mut offset = HEADER.len() as u64;
     let mut records = 0u64;
+    let report = |index: &Index, records, torn_tail_bytes| OpenReport {
+        events: index.last_position,
+        records,
+        torn_tail_bytes,
+    };
     while offset < file_len {
         let next = index.last_position + 1;
         let left = file_len - offset;
         let torn = |reason: &'static str| -> Result<(OpenReport, Option<Torn>)> {
-            Ok((
-                OpenReport {
-                    events: index.last_position,
-                    records,
-                    torn_tail_bytes: left,
-                },
-                Some(Torn { offset, reason }),
-            ))
+            Ok((report(index, records, left), Some(Torn { offset, reason })))
         };
         if left < FRAME_BYTES as u64 {
+            if zeros_to_end(file, offset, file_len)? {
+                break;
+            }
             return torn("a short frame");
         }
         let mut frame = [0u8; FRAME_BYTES];
@@ -224,9 +229,18 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
             .map_err(io("reading the log file"))?;
         let body_len = read_u32(&frame, 0).unwrap_or(0);
         let crc = read_u32(&frame, 4).unwrap_or(0);
-        let reaches_end = offset + FRAME_BYTES as u64 + u64::from(body_len) >= file_len;
+        let body_end = offset + FRAME_BYTES as u64 + u64::from(body_len);
+        // Whether this is the last record: at the end of the file, or followed by zeros only
+        // (asked only of a record that fails its checks).
+        let last = || -> Result<bool> {
+            Ok(body_end >= file_len || zeros_to_end(file, body_end, file_len)?)
+        };
         if body_len == 0 || body_len > BODY_BYTES_MAX {
-            if reaches_end || zeros_to_end(file, offset, file_len)? {
+            // Nothing but zeros from here on: the records end here.
+            if body_len == 0 && zeros_to_end(file, offset, file_len)? {
+                break;
+            }
+            if last()? {
                 return torn("a frame with no valid length");
             }
             return Err(Error::Corrupt {
@@ -244,7 +258,7 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
         file.read_exact_at(&mut body, offset + FRAME_BYTES as u64)
             .map_err(io("reading the log file"))?;
         if crc32fast::hash(&body) != crc {
-            if reaches_end {
+            if last()? {
                 return torn("a checksum that does not match");
             }
             return Err(Error::Corrupt {
@@ -275,18 +289,11 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
         offset = index.end_offset;
         records += 1;
     }
-    Ok((
-        OpenReport {
-            events: index.last_position,
-            records,
-            torn_tail_bytes: 0,
-        },
-        None,
-    ))
+    Ok((report(index, records, 0), None))
 }
 
-/// Whether every byte from `offset` to `end` is zero (what a file extended but never written
-/// holds after a crash).
+/// Whether every byte from `offset` to `end` is zero: the committer's room ahead of the
+/// records, or what a file extended but never written holds after a crash.
 fn zeros_to_end(file: &File, offset: u64, end: u64) -> Result<bool> {
     let mut buf = vec![0u8; 64 << 10];
     let mut at = offset;
