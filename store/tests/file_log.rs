@@ -50,6 +50,19 @@ fn open_log_file(dir: &Path) -> std::fs::File {
         .expect("log file")
 }
 
+/// Reopens the log in `dir`, commits with `commit`, closes it, then puts the head record back
+/// as it was before: the directory as a crash during that commit would leave it (a clean close
+/// records the head). Returns where the records ended after the commit.
+fn commit_unrecorded(dir: &Path, commit: impl FnOnce(&FileLog)) -> u64 {
+    let recorded = std::fs::read(dir.join(HEAD_RECORD_FILE)).expect("head record");
+    let log = FileLog::open(dir).expect("reopen");
+    commit(&log);
+    let end = log.records_end();
+    drop(log);
+    std::fs::write(dir.join(HEAD_RECORD_FILE), &recorded).expect("head record");
+    end
+}
+
 fn accept_all(_: &str, _: u16, _: &[u8]) -> Result<(), String> {
     Ok(())
 }
@@ -62,14 +75,7 @@ fn a_torn_last_record_is_cut_off_at_open_and_the_log_goes_on() {
     append(&log, "vm/b", 1);
     let whole = log.records_end();
     drop(log);
-    // The head record as a crash during the next commit would leave it (the close below
-    // records the third commit too).
-    let recorded = std::fs::read(dir.path().join(HEAD_RECORD_FILE)).expect("head record");
-    let log = FileLog::open(dir.path()).expect("reopen");
-    append(&log, "vm/a", 3);
-    let with_third = log.records_end();
-    drop(log);
-    std::fs::write(dir.path().join(HEAD_RECORD_FILE), &recorded).expect("head record");
+    let with_third = commit_unrecorded(dir.path(), |log| append(log, "vm/a", 3));
     // The third commit's record, half written.
     let torn = (with_third - whole) / 2;
     let file = open_log_file(dir.path());
@@ -177,12 +183,7 @@ fn a_torn_last_record_followed_by_room_is_cut_off_at_open() {
     append(&log, "vm/a", 1);
     let first_end = log.records_end();
     drop(log);
-    let recorded = std::fs::read(dir.path().join(HEAD_RECORD_FILE)).expect("head record");
-    let log = FileLog::open(dir.path()).expect("reopen");
-    append(&log, "vm/a", 2);
-    let second_end = log.records_end();
-    drop(log);
-    std::fs::write(dir.path().join(HEAD_RECORD_FILE), &recorded).expect("head record");
+    let second_end = commit_unrecorded(dir.path(), |log| append(log, "vm/a", 2));
     // The second record's second half never reached the disk: zeros, like the room after it.
     let half = first_end + (second_end - first_end) / 2;
     open_log_file(dir.path())
