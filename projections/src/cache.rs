@@ -135,11 +135,18 @@ impl StateCache {
     }
 
     /// Frees the streams evicted since the last call (see [`StateCache::put`]); returns how
-    /// many. The projection follower calls it after each pass.
+    /// many.
     pub fn reap(&self) -> usize {
-        let evicted =
-            std::mem::take(&mut *self.evicted.lock().unwrap_or_else(PoisonError::into_inner));
-        evicted.len()
+        self.take_evicted().len()
+    }
+
+    /// The streams evicted since the last call, freed when the result is dropped: the lock is
+    /// held only to take them, so the thread that frees them need not be the one that takes
+    /// them (the projection follower takes them, its idle-priority gate frees them).
+    pub(crate) fn take_evicted(&self) -> Evicted {
+        Evicted(std::mem::take(
+            &mut *self.evicted.lock().unwrap_or_else(PoisonError::into_inner),
+        ))
     }
 
     /// Evicted streams kept for [`StateCache::reap`] at most: a quarter of the cache, many
@@ -385,6 +392,16 @@ impl StateCache {
             drop(evicted);
             drop(dropped);
         }
+    }
+}
+
+/// Streams taken from the cache by [`StateCache::take_evicted`], freed when this is dropped.
+pub(crate) struct Evicted(Vec<CachedStream>);
+
+impl Evicted {
+    /// Streams held.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
     }
 }
 

@@ -4,7 +4,7 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use vmplane_core::selector::LabelSelector;
 use vmplane_core::types::Kind;
 use vmplane_store::{EventLog, Position, Timestamp};
 
-use crate::cache::{CacheOptions, StateCache};
+use crate::cache::{CacheOptions, Evicted, StateCache};
 use crate::checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{AggState, Snapshot, stream_of};
@@ -529,46 +529,57 @@ impl Projections {
     /// of the processor time per create went to the follower's wake-ups and passes.
     ///
     /// Two threads. `projections-gate`, at the lowest processor priority
-    /// ([`lower_this_threads_priority`]), waits for new events and the interval, frees the
-    /// states the command path evicted from the state cache, and then tells
+    /// ([`lower_this_threads_priority`]), waits for new events and the interval, then tells
     /// `projections-follower` (at the usual priority) to catch up. So a pass starts when a
     /// processor has nothing else to run, instead of taking one from a thread answering
-    /// requests when its timer fires; freeing evicted states, about half the follower's
-    /// processor time, waits for such a processor too. The gate holds no lock while it waits
-    /// for a processor; every lock is taken by the follower, at the usual priority, so no one
-    /// waits on a thread that only runs when a processor is idle. Should the gate get no
-    /// processor for long (a machine busy to the full), reads catch up themselves, as they
-    /// always do, and the cache frees past its bound itself.
+    /// requests when its timer fires. The follower also takes the states the command path
+    /// evicted from the state cache and hands them to the gate, which frees them (about half
+    /// the follower's processor time before): that work too waits for an idle processor. The
+    /// gate takes none of the locks that reads, commands or the cache hold: the cache's lock
+    /// is taken by the follower, at the usual priority, so no request ever waits on a thread
+    /// that only runs when a processor is idle (what the gate touches is the two channels'
+    /// own state, shared with the follower alone). Should the gate get no processor for long
+    /// (a machine busy to the full), reads catch up themselves, as they always do, and the
+    /// cache frees past its bound itself.
     ///
     /// The returned handle's thread ends after the gate's.
     pub fn follow(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
         let interval = Duration::from_millis(self.options.follow_interval_ms);
         // One pass asked for at a time: asks while a pass runs fold into the next one.
         let (ask, asked) = std::sync::mpsc::sync_channel::<()>(1);
+        // Evicted states, taken from the cache by the follower, freed by the gate.
+        let (to_free, freed) = std::sync::mpsc::channel::<Evicted>();
         let gate = {
             let this = Arc::clone(self);
             let stop = Arc::clone(&stop);
             std::thread::Builder::new()
                 .name("projections-gate".into())
-                .spawn(move || this.gate(&stop, interval, &ask))?
+                .spawn(move || this.gate(&stop, interval, &ask, &freed))?
         };
         let this = Arc::clone(self);
         std::thread::Builder::new()
             .name("projections-follower".into())
             .spawn(move || {
-                this.catch_up_when_asked(&stop, &asked);
+                this.catch_up_when_asked(&stop, &asked, &to_free);
                 // The gate sees `stop` within its longest wait, or this end of the channel
                 // gone.
                 drop(asked);
                 if gate.join().is_err() {
                     tracing::error!("the projection gate thread panicked");
                 }
+                this.cache.reap();
             })
     }
 
     /// The gate's loop (see [`Projections::follow`]); ends when `stop` is set or the follower
     /// is gone.
-    fn gate(&self, stop: &AtomicBool, interval: Duration, ask: &SyncSender<()>) {
+    fn gate(
+        &self,
+        stop: &AtomicBool,
+        interval: Duration,
+        ask: &SyncSender<()>,
+        freed: &Receiver<Evicted>,
+    ) {
         lower_this_threads_priority();
         while !stop.load(Ordering::Relaxed) {
             let started = Instant::now();
@@ -585,18 +596,27 @@ impl Projections {
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }
-            self.cache.reap();
+            // Freed here: dropping them is the gate's own work (`try_recv` takes no lock).
+            while let Ok(evicted) = freed.try_recv() {
+                drop(evicted);
+            }
             // The rest of the interval: the commits meanwhile are folded in one pass.
             let left = interval.saturating_sub(started.elapsed());
             if !left.is_zero() && !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(left);
             }
         }
-        self.cache.reap();
     }
 
     /// The follower's loop (see [`Projections::follow`]): a pass each time the gate asks.
-    fn catch_up_when_asked(&self, stop: &AtomicBool, asked: &Receiver<()>) {
+    /// Also takes the states the command path evicted from the state cache, under the
+    /// cache's lock at this thread's priority, and hands them to the gate to free.
+    fn catch_up_when_asked(
+        &self,
+        stop: &AtomicBool,
+        asked: &Receiver<()>,
+        to_free: &Sender<Evicted>,
+    ) {
         while !stop.load(Ordering::Relaxed) {
             match asked.recv_timeout(Duration::from_millis(200)) {
                 Ok(()) => {
@@ -607,6 +627,11 @@ impl Projections {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
+            }
+            let evicted = self.cache.take_evicted();
+            if evicted.len() > 0 {
+                // With the gate gone, the streams come back and are freed here.
+                let _ = to_free.send(evicted);
             }
         }
     }

@@ -549,6 +549,40 @@ fn the_follower_catches_up_unasked_and_only_its_gate_runs_at_idle_priority() {
     );
 }
 
+#[test]
+fn the_follower_takes_the_evicted_states_so_none_are_left_waiting() {
+    let env = env();
+    let mut options = common::options();
+    // 64 streams: each eviction past it drops one, and up to 16 wait to be freed.
+    options.cache.streams_max = 64;
+    let projections =
+        Arc::new(Projections::in_memory(Arc::clone(&env.log), options).expect("in memory"));
+    for i in 0..100 {
+        env.apply_vm("alice", vm("evict", &format!("vm-{i}"), "128Mi"));
+    }
+    let read_all = || {
+        for i in 0..100 {
+            let got = projections
+                .get(Kind::VirtualMachine, "evict", &format!("vm-{i}"), None)
+                .expect("get");
+            assert!(got.is_some(), "vm-{i}");
+        }
+    };
+    // Without a follower, what the reads evicted waits for someone to free it.
+    read_all();
+    assert!(projections.cache().reap() > 0, "reads evicted streams");
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = projections
+        .follow(Arc::clone(&stop))
+        .expect("follower threads");
+    read_all();
+    // The follower takes them at least every 200 ms, with or without a pass to make.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(projections.cache().reap(), 0, "nothing left waiting");
+    stop.store(true, Ordering::Relaxed);
+    follower.join().expect("follower");
+}
+
 // ---------------------------------------------------------------------------------------------
 // History, diff, audit
 
