@@ -740,8 +740,13 @@ pub fn features_requested(spec: &VmiSpec, prefix: &str) -> Vec<FeatureUse> {
 /// The features a VM's template requests (fields under `spec.template.spec`).
 pub fn vm_features_requested(vm: &VirtualMachine) -> Vec<FeatureUse> {
     vm.vmi_spec()
-        .map(|s| features_requested(s, "spec.template.spec"))
+        .map(template_features_requested)
         .unwrap_or_default()
+}
+
+/// The features a VM's template spec requests (fields under `spec.template.spec`).
+pub fn template_features_requested(spec: &VmiSpec) -> Vec<FeatureUse> {
+    features_requested(spec, "spec.template.spec")
 }
 
 /// The features a standalone VMI requests (fields under `spec`).

@@ -560,7 +560,7 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
 fn requested_of(s: &VmState) -> Vec<FeatureUse> {
     match s.expand_vmi_spec() {
         // What `vm_features_requested` of the expanded VM reads, without the rest of the VM.
-        Ok(spec) => features::features_requested(&spec, "spec.template.spec"),
+        Ok(spec) => features::template_features_requested(&spec),
         Err(_) => {
             s.vm.as_deref()
                 .map(features::vm_features_requested)
@@ -604,7 +604,7 @@ fn started_spec(s: &VmState) -> StartedSpec {
     let expanded = s.expand().ok();
     let requested = match (&expanded, &template_spec) {
         (Some(vm), _) => features::vm_features_requested(vm),
-        (None, Some(spec)) => features::features_requested(spec, "spec.template.spec"),
+        (None, Some(spec)) => features::template_features_requested(spec),
         (None, None) => Vec::new(),
     };
     StartedSpec {
