@@ -8,6 +8,7 @@
 //! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5 file   # the file backend
 //! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5 file 2 # clients on 2 threads
 //! cargo run --release -p vmplane-benches --bin gateway-load -- 64 5 file 1 2 # server: 2 workers
+//! cargo run --release -p vmplane-benches --bin gateway-load -- --rate 20000 64 6 file
 //! ```
 //!
 //! The server is set up as `vmplane serve` sets it up: the same allocator, the same logging
@@ -26,10 +27,17 @@
 //! rate, p50 and p99 latency, the processor time the whole process spent per request with, in
 //! brackets, the part the load clients' own threads spent (the rest is the server's) — figures
 //! that hold still when other work shares the machine — and creates/s as a ratio of its rate.
+//! With `--rate N[,N...]`, last phases send creates on a schedule, N/s in all for each N,
+//! whatever the answers do (an open loop, as a service's users send), each latency counted from
+//! when the request was due: the rate a latency target is stated at. The closed loop shows the
+//! rate at saturation, with a latency that is the clients' count over that rate, and it hides
+//! stalls: during one, its clients send nothing, so a stall delays one request per client
+//! where, at a rate, it delays every request due while it lasts (coordinated omission).
 //! With `GATEWAY_LOAD_TAIL` set, each phase also prints its latency tail (p90 to max) and when
 //! its slowest 1% were sent, per 20 ms of the run, each window with the requests answered before
 //! it (stalls show as a few crowded windows; a stall at the same count in every run grows with
-//! the data).
+//! the data); a paced phase also prints how late its requests left (a client still waiting for
+//! its previous answer, or the load clients' own thread late).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,16 +58,20 @@ const USAGE: &str = "\
 Load generator for the gRPC gateway: VM creates, updates, dry-run creates and health checks
 against a real server in this process, beside the log's own append throughput.
 
-Usage: gateway-load [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
+Usage: gateway-load [--rate N[,N...]] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
 
   CLIENTS         concurrent clients (default: 1, 16 and 64 in turn)
   SECONDS         length of each phase (default 5)
   BACKEND         sled or file (default sled)
   CLIENT_THREADS  threads of the load clients' runtime (default 1)
   SERVER_WORKERS  the server runtime's workers (default: as `vmplane serve`)
+  --rate N,...    also a phase of creates paced at N/s in all for each N, spread over the
+                  clients: its latency counts from when each request was due, so a request
+                  held back by a slow answer before it counts the wait (no coordinated
+                  omission)
 
 Environment: GATEWAY_LOAD_TAIL=1 also prints each phase's latency tail and when its slowest
-1% were sent.
+1% were sent (and, for a paced phase, how late its requests left).
 
 Example: cargo run --release -p vmplane-benches --bin gateway-load -- 64 6 file";
 
@@ -170,35 +182,109 @@ enum Load {
     HealthCheck,
 }
 
-/// `clients` tasks, each sending `load` requests for `run` seconds.
+/// The pacer of an open-loop phase: a thread of its own that hands each paced client the
+/// times its requests are due, `rate` requests/s in all, round robin over the clients (each
+/// client's requests `clients / rate` apart, the clients offset from each other).
+///
+/// A request's latency is counted from when it was due, not from when it left: a request its
+/// client could not send on time, because the one before it was still unanswered, counts the
+/// wait (no coordinated omission: a slow answer is not hidden by the client sending less).
+/// The pacer sleeps with the kernel's timer (tens of µs late), not tokio's (a whole
+/// millisecond), and wakes at most every [`Pacer::TICK`], handing out all that is due: what
+/// it is late counts in the latency too, so the figures are an upper bound.
+struct Pacer {
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Pacer {
+    /// The pacer's shortest sleep: it hands out ~`rate × TICK` requests per wake.
+    const TICK: Duration = Duration::from_micros(100);
+
+    /// Starts pacing at `started` until `stop`; one receiver of due times per client.
+    fn start(
+        started: Instant,
+        rate: f64,
+        clients: usize,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<(Pacer, Vec<tokio::sync::mpsc::UnboundedReceiver<Instant>>)> {
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..clients)
+            .map(|_| tokio::sync::mpsc::unbounded_channel::<Instant>())
+            .unzip();
+        let every = Duration::from_secs_f64(1.0 / rate);
+        // Named as the clients' threads: its processor time is the clients'.
+        let thread = std::thread::Builder::new().name(format!("{CLIENT_THREADS}-pacer"));
+        let thread = thread.spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                loop {
+                    let due = started + every.mul_f64(k as f64);
+                    if due > now {
+                        // Sleep until the next is due, TICK at least.
+                        std::thread::sleep((due - now).max(Self::TICK));
+                        break;
+                    }
+                    let client = usize::try_from(k % clients as u64).unwrap_or(0);
+                    if senders[client].send(due).is_err() {
+                        return;
+                    }
+                    k += 1;
+                }
+            }
+        })?;
+        Ok((Pacer { thread }, receivers))
+    }
+}
+
+/// `clients` tasks, each sending `load` requests for `run` seconds: each as soon as the one
+/// before it is answered (a closed loop, the server saturated), or, with `rate`, on a
+/// schedule of `rate` requests/s in all (see [`Pacer`]).
 async fn drive(
     channels: &[Channel],
     clients: usize,
     run: Duration,
     load: Load,
     round: usize,
-) -> Phase {
+    rate: Option<f64>,
+) -> anyhow::Result<Phase> {
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let cpu_before = process_cpu();
     let client_cpu_before = client_threads_cpu();
+    let (pacer, mut receivers) = match rate {
+        Some(rate) => {
+            let (pacer, receivers) = Pacer::start(started, rate, clients, stop.clone())?;
+            (Some(pacer), Some(receivers))
+        }
+        None => (None, None),
+    };
     let mut tasks = Vec::new();
     for c in 0..clients {
         let channel = channels[c % channels.len()].clone();
         let mut client = pb::objects_client::ObjectsClient::new(channel.clone());
         let mut health = HealthClient::new(channel);
         let stop = stop.clone();
+        let mut due_times = receivers.as_mut().and_then(|r| r.pop());
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                let name = match load {
-                    // New names: a dry run of a name the create phase made would be an update.
-                    Load::DryRun => format!("dry-r{round}-c{c}-{i}"),
+                let name = match (load, due_times.is_some()) {
+                    // New names: a dry run of a name the create phase made would be an update,
+                    // and so would a paced create.
+                    (Load::DryRun, _) => format!("dry-r{round}-c{c}-{i}"),
+                    (_, true) => format!("paced{}-r{round}-c{c}-{i}", rate.unwrap_or(0.0)),
                     _ => format!("vm-r{round}-c{c}-{i}"),
                 };
                 let memory_mi = if load == Load::Update { 256 } else { 128 };
-                let t = Instant::now();
+                let t = match &mut due_times {
+                    Some(due_times) => match due_times.recv().await {
+                        Some(due) => due,
+                        None => break,
+                    },
+                    None => Instant::now(),
+                };
+                let sent = Instant::now();
                 let r = match load {
                     Load::HealthCheck => {
                         health.check(HealthCheckRequest::default()).await.map(drop)
@@ -217,7 +303,11 @@ async fn drive(
                     eprintln!("request failed: {status}");
                     break;
                 }
-                lat.push((t.duration_since(started), t.elapsed()));
+                lat.push((
+                    t.duration_since(started),
+                    t.elapsed(),
+                    sent.duration_since(t),
+                ));
                 i += 1;
             }
             lat
@@ -225,6 +315,9 @@ async fn drive(
     }
     tokio::time::sleep(run).await;
     stop.store(true, Ordering::Relaxed);
+    if let Some(pacer) = pacer {
+        let _ = pacer.thread.join();
+    }
     let mut all = Vec::new();
     for t in tasks {
         all.extend(t.await.unwrap_or_default());
@@ -233,19 +326,31 @@ async fn drive(
     let cpu = process_cpu().saturating_sub(cpu_before);
     let client_cpu = client_threads_cpu().saturating_sub(client_cpu_before);
     if std::env::var_os("GATEWAY_LOAD_TAIL").is_some() {
-        print_tail(&all);
+        let requests: Vec<(Duration, Duration)> = all.iter().map(|(s, l, _)| (*s, *l)).collect();
+        print_tail(&requests);
+        if rate.is_some() {
+            let mut late: Vec<Duration> = all.iter().map(|(_, _, late)| *late).collect();
+            late.sort();
+            eprintln!(
+                "sent after due: p50 {:.2?} p90 {:.2?} p99 {:.2?} max {:.2?}",
+                percentile(&late, 0.5),
+                percentile(&late, 0.9),
+                percentile(&late, 0.99),
+                percentile(&late, 1.0)
+            );
+        }
     }
-    let mut all: Vec<Duration> = all.into_iter().map(|(_, latency)| latency).collect();
+    let mut all: Vec<Duration> = all.into_iter().map(|(_, latency, _)| latency).collect();
     all.sort();
     let ops = u32::try_from(all.len().max(1)).unwrap_or(u32::MAX);
-    Phase {
+    Ok(Phase {
         ops: all.len(),
         seconds,
         p50: percentile(&all, 0.5),
         p99: percentile(&all, 0.99),
         cpu_per_op: cpu / ops,
         client_cpu_per_op: client_cpu / ops,
-    }
+    })
 }
 
 /// With `GATEWAY_LOAD_TAIL` set: the latency tail of a phase, and when its slowest 1% were
@@ -332,11 +437,32 @@ fn log_baseline(backend: Backend, writers: usize, run: Duration) -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
         return Ok(());
     }
+    let rates: Vec<u32> = match args.iter().position(|a| a == "--rate") {
+        Some(at) => {
+            let value = args
+                .get(at + 1)
+                .ok_or_else(|| anyhow::anyhow!("--rate: needs a number of creates/s"))?;
+            let rates = value
+                .split(',')
+                .map(|rate| match rate.parse::<u32>() {
+                    Ok(0) => anyhow::bail!("--rate {value:?}: at least 1 create/s"),
+                    Ok(rate) => Ok(rate),
+                    Err(e) => anyhow::bail!(
+                        "--rate {value:?}: {rate:?}: {e} (whole numbers of creates/s, \
+                         separated by commas)"
+                    ),
+                })
+                .collect::<anyhow::Result<_>>()?;
+            args.drain(at..=at + 1);
+            rates
+        }
+        None => Vec::new(),
+    };
     // The `index`th argument, `what`, as a number (`None` when not given).
     let number = |index: usize, what: &str| -> anyhow::Result<Option<u64>> {
         args.get(index)
@@ -429,10 +555,15 @@ fn main() -> anyhow::Result<()> {
             "clients", "requests", "per s", "p50", "p99", "cpu µs/op (cl)", "creates / it"
         );
         for (round, &clients) in levels.iter().enumerate() {
-            let create = drive(&channels, clients, run, Load::Create, round).await;
-            let update = drive(&channels, clients, run, Load::Update, round).await;
-            let dry_run = drive(&channels, clients, run, Load::DryRun, round).await;
-            let floor = drive(&channels, clients, run, Load::HealthCheck, round).await;
+            let create = drive(&channels, clients, run, Load::Create, round, None).await?;
+            let update = drive(&channels, clients, run, Load::Update, round, None).await?;
+            let dry_run = drive(&channels, clients, run, Load::DryRun, round, None).await?;
+            let floor = drive(&channels, clients, run, Load::HealthCheck, round, None).await?;
+            let mut paced = Vec::new();
+            for &rate in &rates {
+                let rate = Some(f64::from(rate));
+                paced.push(drive(&channels, clients, run, Load::Create, round, rate).await?);
+            }
             let log =
                 tokio::task::spawn_blocking(move || log_baseline(backend, clients, run)).await?;
             let row = |what: &str, p: &Phase| {
@@ -451,6 +582,9 @@ fn main() -> anyhow::Result<()> {
             row("Apply: update", &update);
             row("Apply: create, dry run", &dry_run);
             row("health Check", &floor);
+            for (rate, paced) in rates.iter().zip(&paced) {
+                row(&format!("create, paced {rate}/s"), paced);
+            }
             println!(
                 "{:>7} | {:<22} | {:>9.0} {:>9} {:>9} {:>15} | {:>11.2}x",
                 clients,
