@@ -58,7 +58,7 @@ const USAGE: &str = "\
 Load generator for the gRPC gateway: VM creates, updates, dry-run creates and health checks
 against a real server in this process, beside the log's own append throughput.
 
-Usage: gateway-load [--rate N[,N...]] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
+Usage: gateway-load [--rate N[,N...]] [--linger-us N] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
 
   CLIENTS         concurrent clients (default: 1, 16 and 64 in turn)
   SECONDS         length of each phase (default 5)
@@ -69,6 +69,8 @@ Usage: gateway-load [--rate N[,N...]] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS
                   clients: its latency counts from when each request was due, so a request
                   held back by a slow answer before it counts the wait (no coordinated
                   omission)
+  --linger-us N   the file log's committer lingers N µs for company (`vmplane serve
+                  --group-commit-linger-us`; default 0)
 
 Environment: GATEWAY_LOAD_TAIL=1 also prints each phase's latency tail and when its slowest
 1% were sent (and, for a paced phase, how late its requests left).
@@ -463,6 +465,19 @@ fn main() -> anyhow::Result<()> {
         }
         None => Vec::new(),
     };
+    let linger_us: u64 = match args.iter().position(|a| a == "--linger-us") {
+        Some(at) => {
+            let value = args
+                .get(at + 1)
+                .ok_or_else(|| anyhow::anyhow!("--linger-us: needs a number of microseconds"))?;
+            let linger = value.parse::<u64>().map_err(|e| {
+                anyhow::anyhow!("--linger-us {value:?}: {e} (a whole number of microseconds)")
+            })?;
+            args.drain(at..=at + 1);
+            linger
+        }
+        None => 0,
+    };
     // The `index`th argument, `what`, as a number (`None` when not given).
     let number = |index: usize, what: &str| -> anyhow::Result<Option<u64>> {
         args.get(index)
@@ -519,6 +534,7 @@ fn main() -> anyhow::Result<()> {
         etcd_max_txn_ops: 128,
         leader_lease_seconds: 5,
         log_cache_mib: vmplane_store::SledOptions::DEFAULT_CACHE_MIB,
+        group_commit_linger_us: linger_us,
         // The control plane alone: no reconciler competing for the cores.
         hypervisor: vec!["none".into()],
     };

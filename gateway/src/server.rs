@@ -153,6 +153,11 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     check_listen_is_allowed(&args)?;
+    anyhow::ensure!(
+        args.group_commit_linger_us == 0 || args.backend == Backend::File,
+        "--group-commit-linger-us applies to --backend file only (this is --backend {})",
+        args.backend.name()
+    );
     let tls = ServerTls::load(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
     let mut grpc = Server::builder();
     if let Some(tls) = &tls {
@@ -390,10 +395,16 @@ async fn open_log(
     match args.backend {
         Backend::File => {
             let dir = args.data.clone();
-            let log = tokio::task::spawn_blocking(move || vmplane_store::FileLog::open(&dir))
-                .await
-                .context("open the log")?
-                .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
+            let options = vmplane_store::FileOptions {
+                group_commit_linger: std::time::Duration::from_micros(args.group_commit_linger_us),
+                ..vmplane_store::FileOptions::default()
+            };
+            let log = tokio::task::spawn_blocking(move || {
+                vmplane_store::FileLog::open_with(&dir, options)
+            })
+            .await
+            .context("open the log")?
+            .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
             let report = log.open_report();
             if report.torn_tail_bytes > 0 {
                 eprintln!(

@@ -136,6 +136,19 @@ impl Committer {
     }
 }
 
+/// How long a committer waits before it takes its next group: `linger` when its last group held
+/// more than one append (others append with this one: more are likely on their way) and fewer
+/// than `below` are queued (a group that large already shares its write and sync well); `None`
+/// otherwise. A lone appender's groups hold one append each, so it never waits.
+pub(crate) fn linger(
+    last_group: usize,
+    queued: usize,
+    linger: std::time::Duration,
+    below: usize,
+) -> Option<std::time::Duration> {
+    (!linger.is_zero() && last_group > 1 && queued < below).then_some(linger)
+}
+
 /// Takes the next group from the front of `queue`: requests in order until adding one would pass
 /// `events_max` events or `bytes_max` payload bytes (a larger single request still goes alone).
 pub(crate) fn take_group<T>(
@@ -277,5 +290,19 @@ mod tests {
         bell.want();
         bell.close();
         assert!(!bell.wait());
+    }
+
+    #[test]
+    fn a_committer_lingers_only_after_a_group_with_company_and_while_few_are_queued() {
+        let wait = Duration::from_micros(150);
+        // A lone appender: its last group held only its own append.
+        assert_eq!(linger(1, 1, wait, 16), None);
+        assert_eq!(linger(0, 1, wait, 16), None);
+        // Others appended with the last one: wait for more while the queue is short.
+        assert_eq!(linger(2, 1, wait, 16), Some(wait));
+        assert_eq!(linger(40, 15, wait, 16), Some(wait));
+        // Enough queued already, or lingering turned off.
+        assert_eq!(linger(40, 16, wait, 16), None);
+        assert_eq!(linger(40, 1, Duration::ZERO, 16), None);
     }
 }

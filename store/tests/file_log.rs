@@ -282,3 +282,77 @@ fn a_file_that_is_not_a_file_log_is_refused_naming_its_header() {
         other => panic!("expected Damaged, got {other:?}"),
     }
 }
+
+/// The log in `dir`, its committer lingering `linger` for company.
+fn open_lingering(dir: &Path, linger: std::time::Duration) -> FileLog {
+    let options = vmplane_store::file_log::FileOptions {
+        group_commit_linger: linger,
+        ..Default::default()
+    };
+    FileLog::open_with(dir, options).expect("open")
+}
+
+#[test]
+fn appends_that_come_together_wait_for_each_other_and_share_one_record() {
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 10;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = std::sync::Arc::new(open_lingering(
+        dir.path(),
+        std::time::Duration::from_millis(100),
+    ));
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+    let appenders: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (log, barrier) = (log.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                // All at once first: some of them share a group, which starts the lingering.
+                barrier.wait();
+                append(&log, &format!("vm/{t}"), 1);
+                // Then 3 ms apart each round: alone, each would commit on its own.
+                for _ in 0..ROUNDS {
+                    barrier.wait();
+                    std::thread::sleep(std::time::Duration::from_millis(3 * t as u64));
+                    append(&log, &format!("vm/{t}"), 1);
+                }
+            })
+        })
+        .collect();
+    for appender in appenders {
+        appender.join().expect("appender");
+    }
+    let log = std::sync::Arc::into_inner(log).expect("the only reference");
+    drop(log);
+    let report = FileLog::open(dir.path()).expect("reopen").open_report();
+    assert_eq!(report.events, (THREADS * (ROUNDS + 1)) as u64);
+    // Without lingering: ~THREADS records per round (80 and more). With it, the first append
+    // of a round waits 100 ms for the others: ~1 record per round.
+    assert!(
+        report.records <= 3 * ROUNDS as u64,
+        "{} records for {} events",
+        report.records,
+        report.events
+    );
+}
+
+#[test]
+fn a_lone_appender_never_waits_for_company() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = open_lingering(dir.path(), std::time::Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        append(&log, "vm/alone", 1);
+    }
+    // Lingering after each of its own appends would take 5 s at least.
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_millis(2_500), "{took:?}");
+    assert_eq!(log.open_report().records, 0, "opened empty");
+    drop(log);
+    assert_eq!(
+        FileLog::open(dir.path())
+            .expect("reopen")
+            .open_report()
+            .records,
+        10
+    );
+}

@@ -234,6 +234,19 @@ fn serve_takes_a_log_cache_size_and_refuses_one_below_its_least() {
 }
 
 #[test]
+fn serve_lingers_for_group_commits_on_the_file_backend_only() {
+    // sled (the default backend) has no such committer: refused, naming the flag.
+    let (_dir, data) = assert_serve_refuses("--group-commit-linger-us", "150");
+    let (_dir, _) = assert_serve_refuses("--group-commit-linger-us", "10001");
+    let server = Server::start(
+        &data,
+        &["--backend", "file", "--group-commit-linger-us", "150"],
+    );
+    let status = server.terminate(Duration::from_secs(30));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+}
+
+#[test]
 fn serve_runs_the_worker_threads_asked_for_and_refuses_zero() {
     let (_dir, data) = assert_serve_refuses("--worker-threads", "0");
     let server = Server::start(&data, &["--worker-threads", "3"]);

@@ -14,7 +14,9 @@ use crate::error::{Error, Result};
 // Fail points inject it only with the `failpoints` feature.
 #[cfg_attr(not(feature = "failpoints"), allow(unused_imports))]
 use crate::group::injected;
-use crate::group::{Committed, Slot, commit_and_answer, decide_group, refuse_group, take_group};
+use crate::group::{
+    Committed, Slot, commit_and_answer, decide_group, linger, refuse_group, take_group,
+};
 // How one request was decided: the same outcomes on every backend.
 use crate::log::AppendDecision as Decision;
 use crate::log::{IdLocation, Overlay, decide_append};
@@ -37,13 +39,26 @@ pub(super) struct Pending {
 impl Inner {
     /// The committer thread's loop: until the log is dropped, and then until the queue is empty.
     pub(super) fn run_committer(&self) {
+        // Appends in the last group: with company, the next group waits a little for more.
+        let mut last_group = 0;
         loop {
             let open = self.bell.wait();
             loop {
+                let queued = lock(&self.queue).len();
+                let wait = linger(
+                    last_group,
+                    queued,
+                    self.options.group_commit_linger,
+                    self.options.group_commit_linger_below,
+                );
+                if let Some(wait) = wait {
+                    std::thread::sleep(wait);
+                }
                 let group = self.take_group();
                 if group.is_empty() {
                     break;
                 }
+                last_group = group.len();
                 self.commit(group);
             }
             if !open {

@@ -88,6 +88,17 @@ pub struct FileOptions {
     /// Payload bytes one group commit takes from the queue at most (a single larger request
     /// still commits alone).
     pub group_commit_bytes_max: usize,
+    /// How long the committer waits for more appends before it takes a group, when its last
+    /// group held more than one append and fewer than [`FileOptions::group_commit_linger_below`]
+    /// are queued (zero, the default: never). Appenders that come together then share one
+    /// write and one `fdatasync` instead of a few. A lone appender, whose groups hold only its
+    /// own append, never waits; a few appenders that wait for each other's answers (a closed
+    /// loop of 16 clients through the gateway) lose throughput to it (0.79× at 150 µs), many
+    /// gain (64 clients: p99 0.84–0.88×, processor time per create ~0.96×). Off by default, as
+    /// PostgreSQL's `commit_delay` and MySQL's `binlog_group_commit_sync_delay` are.
+    pub group_commit_linger: Duration,
+    /// Appends queued from which the committer takes a group at once, without lingering.
+    pub group_commit_linger_below: usize,
     /// Bytes of the most recent records kept in memory for reads.
     pub recent_records_bytes_max: usize,
 }
@@ -99,6 +110,8 @@ impl Default for FileOptions {
             clock: Arc::new(Timestamp::now),
             group_commit_events_max: 4_096,
             group_commit_bytes_max: 1 << 20,
+            group_commit_linger: Duration::ZERO,
+            group_commit_linger_below: 16,
             recent_records_bytes_max: 16 << 20,
         }
     }
@@ -110,6 +123,8 @@ impl fmt::Debug for FileOptions {
             .field("limits", &self.limits)
             .field("group_commit_events_max", &self.group_commit_events_max)
             .field("group_commit_bytes_max", &self.group_commit_bytes_max)
+            .field("group_commit_linger", &self.group_commit_linger)
+            .field("group_commit_linger_below", &self.group_commit_linger_below)
             .field("recent_records_bytes_max", &self.recent_records_bytes_max)
             .finish_non_exhaustive()
     }
