@@ -372,6 +372,18 @@ pub fn embedded_backend_of(data: &std::path::Path) -> Option<Backend> {
     }
 }
 
+/// Opens an embedded log in `--data` with `open`, on a blocking thread (opening reads the log).
+async fn open_embedded<L: Send + 'static>(
+    args: &ServeArgs,
+    open: impl FnOnce(&std::path::Path) -> vmplane_store::Result<L> + Send + 'static,
+) -> anyhow::Result<L> {
+    let dir = args.data.clone();
+    tokio::task::spawn_blocking(move || open(&dir))
+        .await
+        .context("open the log")?
+        .with_context(|| format!("--data {}: cannot open the log", args.data.display()))
+}
+
 /// Opens the log on a blocking thread (sled's open does I/O and may panic on damaged files;
 /// the store turns that panic into an error), and where the reconciler's leadership comes from.
 async fn open_log(
@@ -394,17 +406,14 @@ async fn open_log(
     }
     match args.backend {
         Backend::File => {
-            let dir = args.data.clone();
             let options = vmplane_store::FileOptions {
                 group_commit_linger: std::time::Duration::from_micros(args.group_commit_linger_us),
                 ..vmplane_store::FileOptions::default()
             };
-            let log = tokio::task::spawn_blocking(move || {
-                vmplane_store::FileLog::open_with(&dir, options)
+            let log = open_embedded(args, move |dir| {
+                vmplane_store::FileLog::open_with(dir, options)
             })
-            .await
-            .context("open the log")?
-            .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
+            .await?;
             let report = log.open_report();
             if report.torn_tail_bytes > 0 {
                 eprintln!(
@@ -421,17 +430,14 @@ async fn open_log(
             ))
         }
         Backend::Sled => {
-            let dir = args.data.clone();
             let options = vmplane_store::SledOptions {
                 cache_capacity_bytes: args.log_cache_mib << 20,
                 ..vmplane_store::SledOptions::default()
             };
-            let log = tokio::task::spawn_blocking(move || {
-                vmplane_store::SledLog::open_with(&dir, options)
+            let log = open_embedded(args, move |dir| {
+                vmplane_store::SledLog::open_with(dir, options)
             })
-            .await
-            .context("open the log")?
-            .with_context(|| format!("--data {}: cannot open the log", args.data.display()))?;
+            .await?;
             let log = Arc::new(log);
             // Requests submit their appends to the committer thread instead of each parking a
             // blocking thread until its commit.
