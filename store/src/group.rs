@@ -136,17 +136,18 @@ impl Committer {
     }
 }
 
-/// How long a committer waits before it takes its next group: `linger` when its last group held
-/// more than one append (others append with this one: more are likely on their way) and fewer
-/// than `below` are queued (a group that large already shares its write and sync well); `None`
-/// otherwise. A lone appender's groups hold one append each, so it never waits.
-pub(crate) fn linger(
+/// How many queued appends the committer waits for before it takes its next group (`None`: it
+/// takes what is queued now). With lingering on, after a group of more than one append, it waits
+/// until as many are queued as that group held: appenders who come together keep sharing one
+/// write and one `fdatasync` while they come back, instead of splitting into smaller groups that
+/// each pay for their own. A lone appender's groups hold one append each, so it never waits; nor
+/// does a committer that already has the company it would wait for.
+pub(crate) fn company(
     last_group: usize,
     queued: usize,
     linger: std::time::Duration,
-    below: usize,
-) -> Option<std::time::Duration> {
-    (!linger.is_zero() && last_group > 1 && queued < below).then_some(linger)
+) -> Option<usize> {
+    (!linger.is_zero() && last_group > 1 && queued < last_group).then_some(last_group)
 }
 
 /// Takes the next group from the front of `queue`: requests in order until adding one would pass
@@ -293,16 +294,18 @@ mod tests {
     }
 
     #[test]
-    fn a_committer_lingers_only_after_a_group_with_company_and_while_few_are_queued() {
+    fn a_committer_waits_for_as_many_as_its_last_group_held_and_only_after_company() {
         let wait = Duration::from_micros(150);
-        // A lone appender: its last group held only its own append.
-        assert_eq!(linger(1, 1, wait, 16), None);
-        assert_eq!(linger(0, 1, wait, 16), None);
-        // Others appended with the last one: wait for more while the queue is short.
-        assert_eq!(linger(2, 1, wait, 16), Some(wait));
-        assert_eq!(linger(40, 15, wait, 16), Some(wait));
-        // Enough queued already, or lingering turned off.
-        assert_eq!(linger(40, 16, wait, 16), None);
-        assert_eq!(linger(40, 1, Duration::ZERO, 16), None);
+        // A lone appender: its last group held only its own append (or there was none).
+        assert_eq!(company(1, 0, wait), None);
+        assert_eq!(company(0, 0, wait), None);
+        // Others appended with the last one: wait until as many are queued again.
+        assert_eq!(company(2, 1, wait), Some(2));
+        assert_eq!(company(40, 0, wait), Some(40));
+        assert_eq!(company(40, 39, wait), Some(40));
+        // The company is here already, or lingering is turned off.
+        assert_eq!(company(40, 40, wait), None);
+        assert_eq!(company(40, 100, wait), None);
+        assert_eq!(company(40, 1, Duration::ZERO), None);
     }
 }

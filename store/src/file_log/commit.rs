@@ -2,8 +2,8 @@
 //! updates the indexes and answers every appender.
 
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 
 use rkyv::util::AlignedVec;
 
@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 #[cfg_attr(not(feature = "failpoints"), allow(unused_imports))]
 use crate::group::injected;
 use crate::group::{
-    Committed, Slot, commit_and_answer, decide_group, linger, refuse_group, take_group,
+    Committed, Slot, commit_and_answer, company, decide_group, refuse_group, take_group,
 };
 // How one request was decided: the same outcomes on every backend.
 use crate::log::AppendDecision as Decision;
@@ -44,16 +44,7 @@ impl Inner {
         loop {
             let open = self.bell.wait();
             loop {
-                let queued = lock(&self.queue).len();
-                let wait = linger(
-                    last_group,
-                    queued,
-                    self.options.group_commit_linger,
-                    self.options.group_commit_linger_below,
-                );
-                if let Some(wait) = wait {
-                    std::thread::sleep(wait);
-                }
+                self.wait_for_company(last_group);
                 let group = self.take_group();
                 if group.is_empty() {
                     break;
@@ -67,10 +58,31 @@ impl Inner {
         }
     }
 
+    /// Lingers before the next group when [`company`] says to: until as many appends are queued
+    /// as it names (the appender that brings the queue there rings [`Inner::company`]), or
+    /// [`FileOptions::group_commit_linger`](super::FileOptions) has passed.
+    fn wait_for_company(&self, last_group: usize) {
+        let linger = self.options.group_commit_linger;
+        let mut queue = lock(&self.queue);
+        if queue.closed {
+            return;
+        }
+        let Some(awaited) = company(last_group, queue.pending.len(), linger) else {
+            return;
+        };
+        queue.awaited = awaited;
+        // Until the appender that brings the company (or the log's closing) sets it back.
+        let (mut queue, _) = self
+            .company
+            .wait_timeout_while(queue, linger, |queue| queue.awaited != 0)
+            .unwrap_or_else(PoisonError::into_inner);
+        queue.awaited = 0;
+    }
+
     /// The front of the queue, bounded by events and payload bytes.
     fn take_group(&self) -> Vec<Pending> {
         take_group(
-            &mut lock(&self.queue),
+            &mut lock(&self.queue).pending,
             |pending| &pending.request,
             self.options.group_commit_events_max,
             self.options.group_commit_bytes_max,
