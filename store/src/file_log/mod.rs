@@ -93,10 +93,10 @@ pub struct FileOptions {
     /// never waits). Appenders who come together then keep sharing one write and one
     /// `fdatasync` instead of splitting into smaller groups that each pay for their own. A lone
     /// appender, whose groups hold only its own append, never waits. Through the gateway at
-    /// 150 µs (medians of 10 alternated pairs): 64 clients in a closed loop gained (1.12× the
-    /// creates/s, 0.82× the p99); 16 can lose (0.95×, 0.74–1.12×: they wait for each other's
-    /// answers, so a wait adds to each round trip). Off by default, as PostgreSQL's
-    /// `commit_delay` and MySQL's `binlog_group_commit_sync_delay` are.
+    /// 150 µs (medians of alternated pairs): 64 clients in a closed loop gained (1.12× the
+    /// creates/s, 0.82× the p99); fewer can lose (16 clients 0.95×, 4 clients 0.93×: they wait
+    /// for each other's answers, so a wait adds to each round trip). Off by default, as
+    /// PostgreSQL's `commit_delay` and MySQL's `binlog_group_commit_sync_delay` are.
     pub group_commit_linger: Duration,
     /// Bytes of the most recent records kept in memory for reads.
     pub recent_records_bytes_max: usize,
