@@ -12,23 +12,12 @@ use vmplane_store::{
     AppendRequest, Error, EventLog, ExpectedRevision, Position, ProposedEvent, SledLog, SledOptions,
 };
 
-/// sled's configuration as `SledLog` opens it (the segment size is fixed at creation). sled 0.34
-/// lets go of its directory's lock through deferred cleanup, so right after the `SledLog` built
-/// here is dropped the lock can still be held for a moment: wait for it, as `SledLog` does.
+/// sled's configuration as `SledLog` opens it (the segment size is fixed at creation), opened
+/// as `SledLog` opens it: right after the `SledLog` built here is dropped, sled can still hold
+/// the directory's lock for a moment.
 fn raw_sled(dir: &Path) -> sled::Db {
     let config = sled::Config::new().path(dir).segment_size(8 << 20);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        match config.open() {
-            Err(sled::Error::Io(err))
-                if err.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            opened => return opened.expect("raw sled open"),
-        }
-    }
+    vmplane_store::sled_log::open_sled(&config).expect("raw sled open")
 }
 
 fn marker(position: u64) -> Vec<u8> {

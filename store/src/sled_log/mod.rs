@@ -805,8 +805,10 @@ impl EventLog for SledLog {
 
 /// Opens sled, waiting a little if this process's previous handle on the same directory is still
 /// being torn down: sled 0.34 releases its file lock through deferred (epoch-based) cleanup, so a
-/// reopen right after a drop can briefly find the lock held.
-fn open_sled(config: &sled::Config) -> Result<sled::Db> {
+/// reopen right after a drop can briefly find the lock held. Public for tools and tests that open
+/// a log's sled database directly; held by another process for 5 s, it is
+/// [`Error::Unavailable`].
+pub fn open_sled(config: &sled::Config) -> Result<sled::Db> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match config.open() {
