@@ -559,12 +559,11 @@ pub struct ServeArgs {
     pub log_cache_mib: u64,
 
     /// With `--backend file`: how long, in microseconds, the log's committer waits at most
-    /// for company before it writes and syncs a group. After a group of more than one append,
-    /// it waits until as many are queued again, and goes the moment they are. Many concurrent
-    /// writers then keep sharing each `fdatasync` (64 clients at 150: 1.12× the creates/s and
-    /// 0.82× the p99, medians of 10 pairs); writers that wait for each other's answers can lose
-    /// throughput to it (4 clients: 0.93×; 16: 0.95×, 0.74–1.12×). A lone writer never waits.
-    /// 0 (the default) never waits.
+    /// for company before it writes and syncs a group. After a group of 8 appends or more, it
+    /// waits until as many are queued again, and goes the moment they are. Many concurrent
+    /// writers then keep sharing each `fdatasync` (at 150, medians of 5 pairs: 64 clients 1.11×
+    /// the creates/s and 0.80× the p99; 16 clients 1.03× and 0.91×). A few writers, whose
+    /// groups are smaller, never wait. 0 (the default) never waits.
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub group_commit_linger_us: u64,
 

@@ -136,18 +136,25 @@ impl Committer {
     }
 }
 
+/// The smallest group after which a lingering committer waits for company. Smaller groups come
+/// from a few writers, each waiting for its own answer before it writes again: a wait adds to
+/// every round trip and saves little (through the gateway, 4 clients lost 7% of their creates/s
+/// when the committer lingered after groups of 2 and more; with this bound they never wait, and
+/// 16 clients measured 1.03× instead of 0.95×).
+pub(crate) const COMPANY_MIN: usize = 8;
+
 /// How many queued appends the committer waits for before it takes its next group (`None`: it
-/// takes what is queued now). With lingering on, after a group of more than one append, it waits
-/// until as many are queued as that group held: appenders who come together keep sharing one
-/// write and one `fdatasync` while they come back, instead of splitting into smaller groups that
-/// each pay for their own. A lone appender's groups hold one append each, so it never waits; nor
-/// does a committer that already has the company it would wait for.
+/// takes what is queued now). With lingering on, after a group of at least [`COMPANY_MIN`]
+/// appends, it waits until as many are queued as that group held: appenders who come together
+/// keep sharing one write and one `fdatasync` while they come back, instead of splitting into
+/// smaller groups that each pay for their own. A lone appender or a few never wait; nor does a
+/// committer that already has the company it would wait for.
 pub(crate) fn company(
     last_group: usize,
     queued: usize,
     linger: std::time::Duration,
 ) -> Option<usize> {
-    (!linger.is_zero() && last_group > 1 && queued < last_group).then_some(last_group)
+    (!linger.is_zero() && last_group >= COMPANY_MIN && queued < last_group).then_some(last_group)
 }
 
 /// Takes the next group from the front of `queue`: requests in order until adding one would pass
@@ -296,11 +303,12 @@ mod tests {
     #[test]
     fn a_committer_waits_for_as_many_as_its_last_group_held_and_only_after_company() {
         let wait = Duration::from_micros(150);
-        // A lone appender: its last group held only its own append (or there was none).
-        assert_eq!(company(1, 0, wait), None);
+        // A lone appender, or a few: the last group was smaller than the bound.
         assert_eq!(company(0, 0, wait), None);
-        // Others appended with the last one: wait until as many are queued again.
-        assert_eq!(company(2, 1, wait), Some(2));
+        assert_eq!(company(1, 0, wait), None);
+        assert_eq!(company(COMPANY_MIN - 1, 0, wait), None);
+        // Many appended with the last one: wait until as many are queued again.
+        assert_eq!(company(COMPANY_MIN, 1, wait), Some(COMPANY_MIN));
         assert_eq!(company(40, 0, wait), Some(40));
         assert_eq!(company(40, 39, wait), Some(40));
         // The company is here already, or lingering is turned off.
