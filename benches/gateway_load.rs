@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
@@ -438,44 +439,42 @@ fn log_baseline(backend: Backend, writers: usize, run: Duration) -> f64 {
     total as f64 / started.elapsed().as_secs_f64()
 }
 
+/// Removes `name` and the value after it from `args` and returns the value (`None` when `name`
+/// is not given); `name` without a value is an error saying what it needs.
+fn take_option(args: &mut Vec<String>, name: &str, needs: &str) -> anyhow::Result<Option<String>> {
+    let Some(at) = args.iter().position(|a| a == name) else {
+        return Ok(None);
+    };
+    anyhow::ensure!(at + 1 < args.len(), "{name}: needs {needs}");
+    let value = args.remove(at + 1);
+    args.remove(at);
+    Ok(Some(value))
+}
+
 fn main() -> anyhow::Result<()> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
         return Ok(());
     }
-    let rates: Vec<u32> = match args.iter().position(|a| a == "--rate") {
-        Some(at) => {
-            let value = args
-                .get(at + 1)
-                .ok_or_else(|| anyhow::anyhow!("--rate: needs a number of creates/s"))?;
-            let rates = value
-                .split(',')
-                .map(|rate| match rate.parse::<u32>() {
-                    Ok(0) => anyhow::bail!("--rate {value:?}: at least 1 create/s"),
-                    Ok(rate) => Ok(rate),
-                    Err(e) => anyhow::bail!(
-                        "--rate {value:?}: {rate:?}: {e} (whole numbers of creates/s, \
-                         separated by commas)"
-                    ),
-                })
-                .collect::<anyhow::Result<_>>()?;
-            args.drain(at..=at + 1);
-            rates
-        }
+    let rates: Vec<u32> = match take_option(&mut args, "--rate", "a number of creates/s")? {
+        Some(value) => value
+            .split(',')
+            .map(|rate| match rate.parse::<u32>() {
+                Ok(0) => anyhow::bail!("--rate {value:?}: at least 1 create/s"),
+                Ok(rate) => Ok(rate),
+                Err(e) => anyhow::bail!(
+                    "--rate {value:?}: {rate:?}: {e} (whole numbers of creates/s, \
+                     separated by commas)"
+                ),
+            })
+            .collect::<anyhow::Result<_>>()?,
         None => Vec::new(),
     };
-    let linger_us: u64 = match args.iter().position(|a| a == "--linger-us") {
-        Some(at) => {
-            let value = args
-                .get(at + 1)
-                .ok_or_else(|| anyhow::anyhow!("--linger-us: needs a number of microseconds"))?;
-            let linger = value.parse::<u64>().map_err(|e| {
-                anyhow::anyhow!("--linger-us {value:?}: {e} (a whole number of microseconds)")
-            })?;
-            args.drain(at..=at + 1);
-            linger
-        }
+    let linger_us: u64 = match take_option(&mut args, "--linger-us", "a number of microseconds")? {
+        Some(value) => value.parse::<u64>().map_err(|e| {
+            anyhow::anyhow!("--linger-us {value:?}: {e} (a whole number of microseconds)")
+        })?,
         None => 0,
     };
     // The `index`th argument, `what`, as a number (`None` when not given).
@@ -554,13 +553,15 @@ fn main() -> anyhow::Result<()> {
     #[cfg(tokio_unstable)]
     client_rt.disable_lifo_slot();
     let client_rt = client_rt.build()?;
-    client_rt.block_on(async {
+    let ran = client_rt.block_on(async {
         let url = format!("http://{addr}");
         let mut channels = Vec::new();
         for _ in 0..CHANNELS {
             let ch = loop {
                 match Channel::from_shared(url.clone())?.connect().await {
                     Ok(ch) => break ch,
+                    // It refused its settings (or failed to start): its error is told below.
+                    Err(_) if server.is_finished() => return Ok(false),
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             };
@@ -612,9 +613,11 @@ fn main() -> anyhow::Result<()> {
                 create.rate() / log
             );
         }
-        anyhow::Ok(())
+        anyhow::Ok(true)
     })?;
     let _ = stop_tx.send(());
-    let _ = server_rt.block_on(server);
+    let served = server_rt.block_on(server).context("the server's task")?;
+    served.context("the server")?;
+    anyhow::ensure!(ran, "the server stopped before it served");
     Ok(())
 }
