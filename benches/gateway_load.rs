@@ -70,8 +70,9 @@ Usage: gateway-load [--rate N[,N...]] [--linger-us N] [CLIENTS [SECONDS [BACKEND
                   clients: its latency counts from when each request was due, so a request
                   held back by a slow answer before it counts the wait (no coordinated
                   omission)
-  --linger-us N   the file log's committer lingers N µs for company (`vmplane serve
-                  --group-commit-linger-us`; default 0)
+  --linger-us N   the file log's committer lingers N µs for company, in the server and in
+                  the log's own run (`vmplane serve --group-commit-linger-us`; default:
+                  the server's, 150 µs with `file`)
 
 Environment: GATEWAY_LOAD_TAIL=1 also prints each phase's latency tail and when its slowest
 1% were sent (and, for a paced phase, how late its requests left).
@@ -393,10 +394,17 @@ fn print_tail(requests: &[(Duration, Duration)]) {
 }
 
 /// The log alone: `writers` threads appending one ~300-byte event each, durable, for `run`.
-fn log_baseline(backend: Backend, writers: usize, run: Duration) -> f64 {
+fn log_baseline(backend: Backend, writers: usize, run: Duration, linger_us: Option<u64>) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let log: Arc<dyn EventLog> = match backend {
-        Backend::File => Arc::new(FileLog::open(dir.path().join("log")).expect("open log")),
+        // The server's options: the same linger.
+        Backend::File => Arc::new(
+            FileLog::open_with(
+                dir.path().join("log"),
+                vmplane_gateway::server::file_options(linger_us),
+            )
+            .expect("open log"),
+        ),
         _ => Arc::new(SledLog::open(dir.path().join("log")).expect("open log")),
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -471,12 +479,13 @@ fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?,
         None => Vec::new(),
     };
-    let linger_us: u64 = match take_option(&mut args, "--linger-us", "a number of microseconds")? {
-        Some(value) => value.parse::<u64>().map_err(|e| {
-            anyhow::anyhow!("--linger-us {value:?}: {e} (a whole number of microseconds)")
-        })?,
-        None => 0,
-    };
+    let linger_us: Option<u64> =
+        match take_option(&mut args, "--linger-us", "a number of microseconds")? {
+            Some(value) => Some(value.parse::<u64>().map_err(|e| {
+                anyhow::anyhow!("--linger-us {value:?}: {e} (a whole number of microseconds)")
+            })?),
+            None => None,
+        };
     // The `index`th argument, `what`, as a number (`None` when not given).
     let number = |index: usize, what: &str| -> anyhow::Result<Option<u64>> {
         args.get(index)
@@ -504,9 +513,16 @@ fn main() -> anyhow::Result<()> {
         None => vmplane_gateway::server::default_worker_threads(),
     };
     anyhow::ensure!(server_workers > 0, "SERVER_WORKERS: at least 1");
+    let linger = match backend {
+        Backend::File => format!(
+            " (its committer lingers {:?})",
+            vmplane_gateway::server::file_options(linger_us).group_commit_linger
+        ),
+        _ => String::new(),
+    };
     println!(
-        "backend: {}, load clients on {client_threads} thread(s), server on {server_workers} \
-         worker(s)",
+        "backend: {}{linger}, load clients on {client_threads} thread(s), server on \
+         {server_workers} worker(s)",
         backend.name()
     );
 
@@ -582,7 +598,8 @@ fn main() -> anyhow::Result<()> {
                 paced.push(drive(&channels, clients, run, Load::Create, round, rate).await?);
             }
             let log =
-                tokio::task::spawn_blocking(move || log_baseline(backend, clients, run)).await?;
+                tokio::task::spawn_blocking(move || log_baseline(backend, clients, run, linger_us))
+                    .await?;
             let row = |what: &str, p: &Phase| {
                 println!(
                     "{:>7} | {:<22} | {:>9.0} {:>9.2?} {:>9.2?} {:>15} | {:>11.2}x",

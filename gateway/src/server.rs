@@ -154,7 +154,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     check_listen_is_allowed(&args)?;
     anyhow::ensure!(
-        args.group_commit_linger_us == 0 || args.backend == Backend::File,
+        args.group_commit_linger_us.unwrap_or(0) == 0 || args.backend == Backend::File,
         "--group-commit-linger-us applies to --backend file only (this is --backend {})",
         args.backend.name()
     );
@@ -384,6 +384,19 @@ async fn open_embedded<L: Send + 'static>(
         .with_context(|| format!("--data {}: cannot open the log", args.data.display()))
 }
 
+/// The file log's options `serve` gives it: its defaults, with the committer's linger from
+/// `--group-commit-linger-us` (`linger_us`) when given.
+pub fn file_options(linger_us: Option<u64>) -> vmplane_store::FileOptions {
+    let defaults = vmplane_store::FileOptions::default();
+    vmplane_store::FileOptions {
+        group_commit_linger: linger_us.map_or(
+            defaults.group_commit_linger,
+            std::time::Duration::from_micros,
+        ),
+        ..defaults
+    }
+}
+
 /// Opens the log on a blocking thread (sled's open does I/O and may panic on damaged files;
 /// the store turns that panic into an error), and where the reconciler's leadership comes from.
 async fn open_log(
@@ -406,10 +419,7 @@ async fn open_log(
     }
     match args.backend {
         Backend::File => {
-            let options = vmplane_store::FileOptions {
-                group_commit_linger: std::time::Duration::from_micros(args.group_commit_linger_us),
-                ..vmplane_store::FileOptions::default()
-            };
+            let options = file_options(args.group_commit_linger_us);
             let log = open_embedded(args, move |dir| {
                 vmplane_store::FileLog::open_with(dir, options)
             })
@@ -639,6 +649,38 @@ mod tests {
             let runtime = super::runtime(workers).expect("runtime");
             assert_eq!(runtime.metrics().num_workers(), workers);
         }
+    }
+
+    /// `serve`'s arguments as the command line gives them.
+    fn serve_args(args: &[&str]) -> crate::cli::ServeArgs {
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            args: crate::cli::ServeArgs,
+        }
+        let line = std::iter::once("serve").chain(args.iter().copied());
+        <Serve as clap::Parser>::try_parse_from(line)
+            .expect("arguments")
+            .args
+    }
+
+    #[test]
+    fn the_file_log_lingers_150_us_for_company_unless_the_flag_says_otherwise() {
+        use std::time::Duration;
+        let linger = |args: &[&str]| {
+            super::file_options(serve_args(args).group_commit_linger_us).group_commit_linger
+        };
+        assert_eq!(linger(&["--backend", "file"]), Duration::from_micros(150));
+        assert_eq!(
+            linger(&["--backend", "file", "--group-commit-linger-us", "0"]),
+            Duration::ZERO
+        );
+        assert_eq!(
+            linger(&["--backend", "file", "--group-commit-linger-us", "400"]),
+            Duration::from_micros(400)
+        );
+        // Only what the user gave counts as given: the default is not a flag sled refuses.
+        assert_eq!(serve_args(&[]).group_commit_linger_us, None);
     }
 
     #[test]

@@ -238,12 +238,29 @@ fn serve_lingers_for_group_commits_on_the_file_backend_only() {
     // sled (the default backend) has no such committer: refused, naming the flag.
     let (_dir, data) = assert_serve_refuses("--group-commit-linger-us", "150");
     let (_dir, _) = assert_serve_refuses("--group-commit-linger-us", "10001");
-    let server = Server::start(
-        &data,
-        &["--backend", "file", "--group-commit-linger-us", "150"],
-    );
-    let status = server.terminate(Duration::from_secs(30));
-    assert!(status.success(), "exit status after SIGTERM: {status}");
+    // Its default (150 µs on the file backend) is not a flag given: sled serves without it, and
+    // takes an explicit 0, which asks for what sled does anyway.
+    let (_sled_dir, sled_data) = assert_serve_refuses("--group-commit-linger-us", "1");
+    for flags in [&[][..], &["--group-commit-linger-us", "0"][..]] {
+        let server = Server::start(&sled_data, flags);
+        let status = server.terminate(Duration::from_secs(30));
+        assert!(
+            status.success(),
+            "{flags:?}: exit status after SIGTERM: {status}"
+        );
+    }
+    for flags in [
+        &["--backend", "file", "--group-commit-linger-us", "150"][..],
+        &["--backend", "file", "--group-commit-linger-us", "0"][..],
+        &["--backend", "file"][..],
+    ] {
+        let server = Server::start(&data, flags);
+        let status = server.terminate(Duration::from_secs(30));
+        assert!(
+            status.success(),
+            "{flags:?}: exit status after SIGTERM: {status}"
+        );
+    }
 }
 
 #[test]
