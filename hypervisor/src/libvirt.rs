@@ -157,6 +157,37 @@ unsafe extern "C" fn free_fanout(opaque: *mut c_void) {
     }
 }
 
+/// Whether a schema-validating define has succeeded in this process.
+static SCHEMA_TYPES_BUILT: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+/// Held by the validating defines that run before one has succeeded.
+static FIRST_VALIDATION: Mutex<()> = Mutex::new(());
+
+/// Runs `define`, a schema-validating define, alone if none has succeeded in this process yet.
+///
+/// libxml2 (2.9 on Debian 12) builds its XML Schema datatype tables lazily, the first time a
+/// Relax NG schema that uses them is parsed, and without a lock. Threads whose first
+/// validations overlap can see the tables half built, and libvirt then refuses a valid domain:
+/// "Unable to parse RNG ...: Error type 'unsignedInt' is not exported by type library" (4 of
+/// 200 fresh processes with 8 threads defining at once, on the test driver). Once a validation
+/// has succeeded the tables are built and only read, so later defines run side by side.
+fn first_validation_alone<T>(
+    define: impl FnOnce() -> Result<T, VirtError>,
+) -> Result<T, VirtError> {
+    use std::sync::atomic::Ordering;
+    if SCHEMA_TYPES_BUILT.load(Ordering::Acquire) {
+        return define();
+    }
+    let _alone = FIRST_VALIDATION
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let defined = define();
+    if defined.is_ok() {
+        SCHEMA_TYPES_BUILT.store(true, Ordering::Release);
+    }
+    defined
+}
+
 /// How a [`LibvirtHypervisor`] behaves beyond its URI.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LibvirtOptions {
@@ -497,8 +528,12 @@ impl Hypervisor for LibvirtHypervisor {
             domain.clone(),
             "define"
         )));
-        self.conn
-            .define_domain_xml_flags(&xml, flags)
+        let defined = if self.options.validate_schema {
+            first_validation_alone(|| self.conn.define_domain_xml_flags(&xml, flags))
+        } else {
+            self.conn.define_domain_xml_flags(&xml, flags)
+        };
+        defined
             .map(drop)
             .map_err(|source| HypervisorError::Domain {
                 domain: domain.clone(),

@@ -9,6 +9,7 @@
 
 mod common;
 mod events;
+mod first_validation;
 mod lifecycle;
 mod log_control_plane;
 mod ownership;
