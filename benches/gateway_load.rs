@@ -479,13 +479,13 @@ fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?,
         None => Vec::new(),
     };
-    let linger_us: Option<u64> =
-        match take_option(&mut args, "--linger-us", "a number of microseconds")? {
-            Some(value) => Some(value.parse::<u64>().map_err(|e| {
+    let linger_us: Option<u64> = take_option(&mut args, "--linger-us", "a number of microseconds")?
+        .map(|value| {
+            value.parse::<u64>().map_err(|e| {
                 anyhow::anyhow!("--linger-us {value:?}: {e} (a whole number of microseconds)")
-            })?),
-            None => None,
-        };
+            })
+        })
+        .transpose()?;
     // The `index`th argument, `what`, as a number (`None` when not given).
     let number = |index: usize, what: &str| -> anyhow::Result<Option<u64>> {
         args.get(index)
@@ -515,8 +515,10 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(server_workers > 0, "SERVER_WORKERS: at least 1");
     let linger = match backend {
         Backend::File => format!(
-            " (its committer lingers {:?})",
-            vmplane_gateway::server::file_options(linger_us).group_commit_linger
+            " (its committer lingers up to {} µs for company)",
+            vmplane_gateway::server::file_options(linger_us)
+                .group_commit_linger
+                .as_micros()
         ),
         _ => String::new(),
     };
