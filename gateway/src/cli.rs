@@ -618,7 +618,7 @@ pub struct ServeArgs {
     /// Threads serving requests (the async runtime's workers). Default: one fewer than the
     /// processors vmplane may use, at least 1, which leaves a processor to the log's committer
     /// and the projection follower, busy threads of their own under a write load (on 2
-    /// processors: 1 worker, a lower latency tail at the same rate; README, "Performance").
+    /// processors: 1 worker, a lower latency tail at the same rate; PERFORMANCE.md).
     #[arg(long, value_name = "N", value_parser = TypedValueParser::map(
         clap::value_parser!(u16).range(1..=1024),
         usize::from,

@@ -7,8 +7,8 @@ use vmplane_gateway::cli::{Cli, Command};
 use vmplane_gateway::client::{self, Clients, Verb};
 
 /// mimalloc (v3, transparent huge pages off) rather than the system allocator. Same-run A/B
-/// (README, "Allocator"): creates over gRPC at 64 clients 1.26x/s at 0.78x the processor time
-/// per request, the command path filling 100,000 VMs 1.31x faster, at 1.17x the load
+/// (PERFORMANCE.md, "Allocator"): creates over gRPC at 64 clients 1.26x/s at 0.78x the
+/// processor time per request, the command path filling 100,000 VMs 1.31x faster, at 1.17x the load
 /// generator's peak resident memory and 1.07x the 100,000-VM process's. With huge pages on (the
 /// library's default) the peak was ~2x: hence `no_thp`.
 #[global_allocator]

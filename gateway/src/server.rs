@@ -54,7 +54,7 @@ pub fn default_worker_threads() -> usize {
 /// for it. On 2 processors, 1 worker instead of 2 (13 alternated pairs of `gateway-load 64 4
 /// file`, medians): creates' p99 5.40 against 5.97 ms (lower in 12 pairs of 13) at 0.99x the
 /// rate, dry-run creates' p99 3.9-4.1 against 4.5-4.7 ms, health `Check`s 1.6x/s at half the
-/// p99 (README, "Performance").
+/// p99 (PERFORMANCE.md, "The gateway").
 fn workers_for(processors: usize) -> usize {
     processors.saturating_sub(1).max(1)
 }
@@ -67,8 +67,8 @@ fn workers_for(processors: usize) -> usize {
 /// follower or a client), and whatever sits in its slot waits for the kernel to run it again.
 /// Without the slot, at 64 clients: 1.05x creates/s and 1.37x no-op health `Check`s/s (LTO);
 /// in a build without LTO 1.07x creates/s and the `Check`'s p99 1.8 instead of 4.4 ms
-/// (README, "Performance"). Turning it off needs `--cfg tokio_unstable` (`.cargo/config.toml`);
-/// built without it, the runtime keeps tokio's default.
+/// (PERFORMANCE.md, "The gateway"). Turning it off needs `--cfg tokio_unstable`
+/// (`.cargo/config.toml`); built without it, the runtime keeps tokio's default.
 fn runtime_builder() -> tokio::runtime::Builder {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all().thread_name("vmplane-rt");

@@ -2,8 +2,8 @@
 //! etcd, and kept current by reading the batches other servers commit.
 //!
 //! etcd's cost is per operation in a transaction (about 20–25 µs per put across three members
-//! on a 2-core machine, README), so an index key per event id and per append made every append
-//! cost two operations on top of its share of the batch. Every fact those keys held is in the
+//! on a 2-core machine, PERFORMANCE.md), so an index key per event id and per append made every
+//! append cost two operations on top of its share of the batch. Every fact those keys held is in the
 //! batches already (each event's id, stream, revision and position), and the committer must
 //! read every batch anyway before it can decide on a head it did not write (another server's
 //! commit). So each [`crate::EtcdLog`] keeps a [`LogIndex`]: complete for every position up to
@@ -16,7 +16,7 @@
 //!
 //! It costs memory: 41 bytes per hash-table slot per event (its id, position, revision and
 //! stream number; the table is 44–87% full) and 24 bytes per run of a stream's consecutive
-//! events within one batch (README: measured per event).
+//! events within one batch (PERFORMANCE.md: measured per event).
 
 use std::collections::HashMap;
 use std::sync::Arc;

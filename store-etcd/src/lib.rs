@@ -172,7 +172,7 @@ pub struct EtcdOptions {
     /// Commit transactions the committer keeps in flight at once (at least 1; 1 = each group
     /// waits for the one before it). Default 1: etcd may apply concurrent requests out of
     /// order, and a pipelined transaction that overtakes the one before it fails its head
-    /// compare and is sent again; measured slower than 1 here (README). See `commit`.
+    /// compare and is sent again; measured slower than 1 here (PERFORMANCE.md). See `commit`.
     pub pipeline_depth: usize,
     /// The most operations the committer puts in each list of one transaction: etcd's
     /// `--max-txn-ops`, which must be at least this on every member (etcd refuses a larger
