@@ -521,13 +521,26 @@ impl pb::objects_server::Objects for Api {
         let (commands, projections) = (self.commands.clone(), self.projections.clone());
         // The command path on this thread when it needs no read of the log and the log takes
         // submitted appends (the append is awaited, no thread parked for it); the answer too
-        // when rendering it needs no read. Everything else on a blocking thread.
+        // when rendering it needs no read. A stream whose state is not in memory has it read
+        // on a blocking thread first, once, then goes the same way. Everything else on a
+        // blocking thread.
         let mut command = Some(command);
-        if !r.dry_run && saga.is_none() {
+        let mut loaded = false;
+        while !r.dry_run && saga.is_none() {
             let taken = command
                 .take()
                 .ok_or_else(|| Status::internal("no command"))?;
             match commands.execute_async(&meta, taken).await {
+                Ok(AsyncExecuted::Uncached(back)) if !loaded => {
+                    loaded = true;
+                    let (stream, kind, loader) = (back.stream(), back.kind(), commands.clone());
+                    command = Some(back);
+                    // A failed read is met again, and reported, on the blocking path.
+                    if blocking(move || Ok(loader.load(&stream, kind).is_ok())).await? {
+                        continue;
+                    }
+                    break;
+                }
                 Ok(AsyncExecuted::Done(done, after)) => {
                     let rendered = after
                         .as_ref()
@@ -551,7 +564,10 @@ impl pb::objects_server::Objects for Api {
                     }
                     return response;
                 }
-                Ok(AsyncExecuted::Blocking(back)) => command = Some(back),
+                Ok(AsyncExecuted::Uncached(back) | AsyncExecuted::Blocking(back)) => {
+                    command = Some(back);
+                    break;
+                }
                 Err(e) => return Err(from_command(&p, &object, e)),
             }
         }

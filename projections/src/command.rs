@@ -136,7 +136,10 @@ impl Command {
         }
     }
 
-    fn kind(&self) -> Kind {
+    /// The kind of the object the command acts on (the stream's, as [`CommandHandler::load`]
+    /// takes it).
+    #[must_use]
+    pub fn kind(&self) -> Kind {
         match self {
             Command::Vm { .. } => Kind::VirtualMachine,
             Command::Vmi { .. } => Kind::VirtualMachineInstance,
@@ -222,6 +225,12 @@ pub enum CommandError {
 pub enum AsyncExecuted {
     /// Carried out: as [`CommandHandler::execute_with_state`] returns it.
     Done(Executed, Option<Arc<Snapshot>>),
+    /// Not carried out, nothing appended: the stream's current state is not in memory. The
+    /// command back: load the state on a blocking thread ([`CommandHandler::load`] keeps it in
+    /// the state cache) and call again, so that only the read takes a thread and not the wait
+    /// for the append; or carry the command out there with
+    /// [`CommandHandler::execute_with_state`].
+    Uncached(Command),
     /// Not carried out, nothing appended: it needs what only a blocking thread may do (read
     /// the log, or append where the log cannot take a submitted append). The command back, for
     /// [`CommandHandler::execute_with_state`] on such a thread.
@@ -342,7 +351,8 @@ impl CommandHandler {
     /// the log (its stream is new or its state is in the state cache, and it references no
     /// instancetype or preference to resolve), it is decided here and its append submitted and
     /// awaited, with no thread parked for it. The same decisions, retries and rejections as
-    /// `execute_with_state`; anything else comes back as [`AsyncExecuted::Blocking`].
+    /// `execute_with_state`. A stream whose state is not in memory comes back as
+    /// [`AsyncExecuted::Uncached`], anything else as [`AsyncExecuted::Blocking`].
     pub async fn execute_async(
         &self,
         meta: &CommandMeta,
@@ -368,7 +378,7 @@ impl CommandHandler {
                     .map(|s| (s, Some(revision))),
             };
             let Some((snapshot, revision)) = snapshot else {
-                return Ok(AsyncExecuted::Blocking(command));
+                return Ok(AsyncExecuted::Uncached(command));
             };
             check_expected(meta.expected_position, &snapshot)?;
             if needs_resolving(&snapshot.state, &command) {

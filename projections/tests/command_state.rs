@@ -16,8 +16,9 @@ use vmplane_projections::{AsyncExecuted, At, Command, Executed, Projections, Sna
 enum Path {
     /// `execute_with_state`, on this thread.
     Blocking,
-    /// `execute_async` (the gateway's `apply`), falling back to `execute_with_state` where it
-    /// hands the command back, as the gateway does.
+    /// `execute_async` (the gateway's `apply`): a stream whose state is not in memory is
+    /// loaded and the command tried again, once; falling back to `execute_with_state` where
+    /// it hands the command back, as the gateway does.
     Submitted,
 }
 
@@ -31,17 +32,28 @@ fn execute(
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
-        match runtime
-            .block_on(env.commands.execute_async(&meta("alice"), command))
-            .expect("command")
-        {
-            AsyncExecuted::Done(done, after) => return (done, after, true),
-            AsyncExecuted::Blocking(back) => {
-                let (done, after) = env
-                    .commands
-                    .execute_with_state(&meta("alice"), back)
-                    .expect("command");
-                return (done, after, false);
+        let mut command = command;
+        let mut loaded = false;
+        loop {
+            match runtime
+                .block_on(env.commands.execute_async(&meta("alice"), command))
+                .expect("command")
+            {
+                AsyncExecuted::Done(done, after) => return (done, after, true),
+                AsyncExecuted::Uncached(back) if !loaded => {
+                    loaded = true;
+                    env.commands
+                        .load(&back.stream(), back.kind())
+                        .expect("load");
+                    command = back;
+                }
+                AsyncExecuted::Uncached(back) | AsyncExecuted::Blocking(back) => {
+                    let (done, after) = env
+                        .commands
+                        .execute_with_state(&meta("alice"), back)
+                        .expect("command");
+                    return (done, after, false);
+                }
             }
         }
     }
@@ -253,6 +265,50 @@ fn writes_render_as_reads_at_their_positions(env: &common::Env, path: Path) -> u
         ),
     );
     carried
+}
+
+#[test]
+fn a_stream_not_in_memory_is_handed_back_uncached_then_carried_out_once_loaded() {
+    let env = env_submitting();
+    let name = "demo";
+    let cmd = |memory: &str| Command::Vm {
+        namespace: "team-a".into(),
+        name: name.into(),
+        command: VmCommand::Apply(put(vm("team-a", name, memory))),
+    };
+    env.run("alice", cmd("128Mi"));
+    // A restart empties the state cache: the stream's state is only in the log.
+    let env = env.restart_submitting();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let back = match runtime
+        .block_on(env.commands.execute_async(&meta("alice"), cmd("256Mi")))
+        .expect("command")
+    {
+        AsyncExecuted::Uncached(back) => back,
+        other => panic!("expected Uncached, got {other:?}"),
+    };
+    // Handed back untouched: nothing was appended.
+    let stream = back.stream();
+    assert_eq!(env.log.stream_revision(&stream).expect("revision"), Some(1));
+    env.commands.load(&stream, back.kind()).expect("load");
+    let (done, after) = match runtime
+        .block_on(env.commands.execute_async(&meta("alice"), back))
+        .expect("command")
+    {
+        AsyncExecuted::Done(done, after) => (done, after),
+        other => panic!("expected Done once loaded, got {other:?}"),
+    };
+    assert_eq!(done.outcome, Outcome::Configured);
+    assert_eq!(done.generation, 2);
+    assert_eq!(
+        after.expect("the state after the write").state.revision(),
+        env.log
+            .stream_revision(&stream)
+            .expect("revision")
+            .expect("a stream")
+    );
 }
 
 #[test]

@@ -63,6 +63,18 @@ fn env_over(prepare: impl FnOnce(Arc<SledLog>) -> Arc<SledLog>) -> Env {
 impl Env {
     /// Reopens the log and projections from the same data dir (a restart).
     pub fn restart(self) -> Env {
+        self.reopen(|log| log)
+    }
+
+    /// [`Env::restart`] with the log's committer started, as [`env_submitting`] has it.
+    pub fn restart_submitting(self) -> Env {
+        self.reopen(|log| {
+            log.start_committer().expect("start the committer");
+            log
+        })
+    }
+
+    fn reopen(self, prepare: impl FnOnce(Arc<SledLog>) -> Arc<SledLog>) -> Env {
         let Env {
             dir,
             log,
@@ -70,8 +82,9 @@ impl Env {
             commands,
         } = self;
         drop((projections, commands, log));
-        let log: Arc<dyn EventLog> =
-            Arc::new(SledLog::open(dir.path().join("log")).expect("reopen log"));
+        let log: Arc<dyn EventLog> = prepare(Arc::new(
+            SledLog::open(dir.path().join("log")).expect("reopen log"),
+        ));
         let projections =
             Projections::open(Arc::clone(&log), dir.path(), options()).expect("reopen");
         let commands = CommandHandler::new(
