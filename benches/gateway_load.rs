@@ -20,7 +20,8 @@
 //! argument sets how many), as the etcd figure the gateway's target is set against was measured
 //! (one client thread): on 2 cores, every thread the clients take is taken from the server.
 //!
-//! Prints, per concurrency, a row for each kind of request: creates, updates, dry-run creates
+//! Prints, per concurrency, a row for each kind of request: creates, creates answered in the
+//! basic view (the object's identity and versions without its text), updates, dry-run creates
 //! (parse, decide and render without the log's commit) and the gRPC floor (the standard
 //! health service's `Check` from the same clients against the same server: its transport and
 //! layers, no domain work); then the log's own durable single-event appends/s. Each row: the
@@ -56,7 +57,8 @@ use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, FileLog, Proposed
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const USAGE: &str = "\
-Load generator for the gRPC gateway: VM creates, updates, dry-run creates and health checks
+Load generator for the gRPC gateway: VM creates (answered with the whole object, then in the
+basic view), updates, dry-run creates and health checks
 against a real server in this process, beside the log's own append throughput.
 
 Usage: gateway-load [--rate N[,N...]] [--linger-us N] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
@@ -176,6 +178,11 @@ impl Phase {
 enum Load {
     /// `Apply` of a new VM.
     Create,
+    /// `Apply` of a new VM asking for the basic view (`OBJECT_VIEW_BASIC`): the same durable
+    /// create, answered with the object's kind, name, uid, generation and resourceVersion but
+    /// not its text — what `vmplane apply` asks for unless it prints the object (`-o
+    /// json|yaml`), and what etcd's put answers (no value).
+    CreateBasic,
     /// `Apply` of an edit to a VM the create phase made, in the same order.
     Update,
     /// `Apply --dry-run` of a new VM: parse, validate, decide (the uniqueness claims checked)
@@ -277,6 +284,7 @@ async fn drive(
                     // New names: a dry run of a name the create phase made would be an update,
                     // and so would a paced create.
                     (Load::DryRun, _) => format!("dry-r{round}-c{c}-{i}"),
+                    (Load::CreateBasic, _) => format!("basic-r{round}-c{c}-{i}"),
                     (_, true) => format!("paced{}-r{round}-c{c}-{i}", rate.unwrap_or(0.0)),
                     _ => format!("vm-r{round}-c{c}-{i}"),
                 };
@@ -293,11 +301,17 @@ async fn drive(
                     Load::HealthCheck => {
                         health.check(HealthCheckRequest::default()).await.map(drop)
                     }
-                    Load::Create | Load::Update | Load::DryRun => client
+                    Load::Create | Load::CreateBasic | Load::Update | Load::DryRun => client
                         .apply(pb::ApplyRequest {
                             manifest: manifest(&name, memory_mi),
                             namespace: "load".into(),
                             dry_run: load == Load::DryRun,
+                            view: if load == Load::CreateBasic {
+                                pb::ObjectView::Basic
+                            } else {
+                                pb::ObjectView::Full
+                            }
+                            .into(),
                             ..Default::default()
                         })
                         .await
@@ -591,6 +605,7 @@ fn main() -> anyhow::Result<()> {
         );
         for (round, &clients) in levels.iter().enumerate() {
             let create = drive(&channels, clients, run, Load::Create, round, None).await?;
+            let basic = drive(&channels, clients, run, Load::CreateBasic, round, None).await?;
             let update = drive(&channels, clients, run, Load::Update, round, None).await?;
             let dry_run = drive(&channels, clients, run, Load::DryRun, round, None).await?;
             let floor = drive(&channels, clients, run, Load::HealthCheck, round, None).await?;
@@ -615,6 +630,7 @@ fn main() -> anyhow::Result<()> {
                 );
             };
             row("Apply: create", &create);
+            row("create, basic view", &basic);
             row("Apply: update", &update);
             row("Apply: create, dry run", &dry_run);
             row("health Check", &floor);

@@ -19,7 +19,7 @@ use vmplane_core::{ObjectCommand, Rejection, VmCommand, VmiCommand};
 use vmplane_projections::command::{
     AsyncExecuted, Command, CommandError, CommandHandler, CommandMeta, Executed,
 };
-use vmplane_projections::render::ObjectJson;
+use vmplane_projections::render::{self, ObjectJson};
 use vmplane_projections::watch::WatchFilter;
 use vmplane_projections::{At, ObjectView, Projections, Snapshot};
 use vmplane_store::{EventLog, Position, Timestamp};
@@ -412,6 +412,7 @@ struct Written<'a> {
     namespace: &'a str,
     name: &'a str,
     done: &'a Executed,
+    view: View,
 }
 
 impl<'a> Written<'a> {
@@ -421,6 +422,7 @@ impl<'a> Written<'a> {
         namespace: &'a str,
         name: &'a str,
         done: &'a Executed,
+        view: View,
     ) -> Written<'a> {
         Written {
             object,
@@ -428,7 +430,25 @@ impl<'a> Written<'a> {
             namespace,
             name,
             done,
+            view,
         }
+    }
+
+    /// The answer from memory alone, when the state the write left is at hand: with the
+    /// basic view, a VM's fields from its state with nothing rendered; else the rendered
+    /// object. `None`: [`Written::answer`] must be taken (it may read the log).
+    fn answer_in_memory(
+        &self,
+        projections: &Projections,
+        after: &Snapshot,
+    ) -> Option<Result<Response<pb::ApplyResponse>, Status>> {
+        if self.view == View::Basic
+            && let Some(header) = render::header(after, self.kind)
+        {
+            return Some(self.respond(Some(header.with_object(String::new()))));
+        }
+        let rendered = projections.render_written_in_memory(after, self.kind)?;
+        Some(self.respond(rendered))
     }
 
     /// The answer: the object as the write left it, at the write's own position, not whatever a
@@ -461,10 +481,40 @@ impl<'a> Written<'a> {
         let view =
             view.ok_or_else(|| Status::internal(format!("{object}: written but not readable")))?;
         Ok(Response::new(pb::ApplyResponse {
-            object: Some(to_pb(view)),
+            object: Some(self.view.shape(to_pb(view))),
             outcome: self.done.outcome.as_str().to_string(),
             position: self.done.position.0,
         }))
+    }
+}
+
+/// How much of the written object an apply's answer carries (`ApplyRequest.view`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum View {
+    /// The whole object (the default).
+    Full,
+    /// Everything but the object's text.
+    Basic,
+}
+
+impl View {
+    /// The view a request asks for; an unknown value is refused, naming the field.
+    fn of(value: i32) -> Result<View, Status> {
+        match pb::ObjectView::try_from(value) {
+            Ok(pb::ObjectView::Unspecified | pb::ObjectView::Full) => Ok(View::Full),
+            Ok(pb::ObjectView::Basic) => Ok(View::Basic),
+            Err(_) => Err(Status::invalid_argument(format!(
+                "view: {value} is not an ObjectView (0 unspecified, 1 full, 2 basic)"
+            ))),
+        }
+    }
+
+    /// `object` as this view carries it.
+    fn shape(self, mut object: pb::Object) -> pb::Object {
+        if self == View::Basic {
+            object.json = String::new();
+        }
+        object
     }
 }
 
@@ -476,6 +526,7 @@ impl pb::objects_server::Objects for Api {
     ) -> Result<Response<pb::ApplyResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
+        let view = View::of(r.view)?;
         let mut manifest = parse_manifest(r.manifest.as_bytes()).map_err(|e| {
             status::from_rejection(
                 &manifest_context(&r.manifest, &r.namespace),
@@ -542,18 +593,19 @@ impl pb::objects_server::Objects for Api {
                     break;
                 }
                 Ok(AsyncExecuted::Done(done, after)) => {
-                    let rendered = after
+                    let written = Written::new(&object, kind, &namespace, &name, &done, view);
+                    let in_memory = after
                         .as_ref()
-                        .and_then(|after| projections.render_written_in_memory(after, kind));
-                    let written = Written::new(&object, kind, &namespace, &name, &done);
-                    let response = match rendered {
-                        Some(view) => written.respond(view),
+                        .and_then(|after| written.answer_in_memory(&projections, after));
+                    let response = match in_memory {
+                        Some(response) => response,
                         None => {
                             let (object, namespace, name) =
                                 (object.clone(), namespace.clone(), name.clone());
                             let projections = projections.clone();
                             blocking(move || {
-                                let written = Written::new(&object, kind, &namespace, &name, &done);
+                                let written =
+                                    Written::new(&object, kind, &namespace, &name, &done, view);
                                 written.answer(&projections, after.as_ref())
                             })
                             .await
@@ -579,7 +631,7 @@ impl pb::objects_server::Objects for Api {
                     .dry_run_expecting(command, expected_position)
                     .map_err(|e| from_command(&reader, &object, e))?;
                 return Ok(Response::new(pb::ApplyResponse {
-                    object: Some(pb::Object {
+                    object: Some(view.shape(pb::Object {
                         kind: kind.as_str().to_string(),
                         namespace: if kind.namespaced() {
                             namespace
@@ -589,7 +641,7 @@ impl pb::objects_server::Objects for Api {
                         name,
                         json: r.manifest,
                         ..Default::default()
-                    }),
+                    })),
                     outcome: outcome.as_str().to_string(),
                     position: projections.position().0,
                 }));
@@ -598,14 +650,14 @@ impl pb::objects_server::Objects for Api {
                 let driven = sagas
                     .start(&meta, kind, &namespace, m)
                     .map_err(|e| from_command(&reader, &object, e))?;
-                let view = projections
+                let found = projections
                     .get(kind, &namespace, &name, Some(driven.position))
                     .map_err(|e| from_projection(&object, e))?
                     .ok_or_else(|| {
                         Status::internal(format!("{object}: written but not readable"))
                     })?;
                 return Ok(Response::new(pb::ApplyResponse {
-                    object: Some(to_pb(view.into_json())),
+                    object: Some(view.shape(to_pb(found.into_json()))),
                     outcome: driven.first.outcome.as_str().to_string(),
                     position: driven.position.0,
                 }));
@@ -613,7 +665,7 @@ impl pb::objects_server::Objects for Api {
             let (done, after) = commands
                 .execute_with_state(&meta, command)
                 .map_err(|e| from_command(&reader, &object, e))?;
-            let written = Written::new(&object, kind, &namespace, &name, &done);
+            let written = Written::new(&object, kind, &namespace, &name, &done, view);
             written.answer(&projections, after.as_ref())
         })
         .await;

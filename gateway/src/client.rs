@@ -266,6 +266,7 @@ pub async fn apply(
                 import,
                 request_id: uuid::Uuid::now_v7().to_string(),
                 expected_resource_version: None,
+                view: written_view(g.output),
             })
             .await;
         match resp {
@@ -290,6 +291,16 @@ pub async fn apply(
         }
     }
     outcome(failures, total, "applied")
+}
+
+/// How much of a written object to ask back for the output `format`: the object only when
+/// it is printed (`-o json|yaml`); `KIND/NAME` lines need its kind and name alone.
+fn written_view(format: Option<Output>) -> i32 {
+    match format {
+        Some(Output::Json | Output::Yaml) => pb::ObjectView::Full,
+        None | Some(Output::Name | Output::Table | Output::Wide) => pb::ObjectView::Basic,
+    }
+    .into()
 }
 
 /// The end of a command over the objects of `-f`: one failure is the command's one error
@@ -667,6 +678,7 @@ async fn rewrite(
                 import: false,
                 request_id: uuid::Uuid::now_v7().to_string(),
                 expected_resource_version: Some(read.resource_version),
+                view: written_view(g.output),
             })
             .await;
         let r = match written {
@@ -1196,6 +1208,8 @@ async fn apply_saga(
             import: false,
             request_id: uuid::Uuid::now_v7().to_string(),
             expected_resource_version: None,
+            // Its status is printed.
+            view: pb::ObjectView::Full.into(),
         })
         .await
         .map_err(status_error)?

@@ -40,6 +40,22 @@ pub type ObjectView = Rendered<Value>;
 /// `to_string()` gives.
 pub type ObjectJson = Rendered<String>;
 
+impl<B> Rendered<B> {
+    /// The same object's metadata with `object` as its body (a basic view's `()`, a text).
+    #[must_use]
+    pub fn with_object<C>(self, object: C) -> Rendered<C> {
+        Rendered {
+            object,
+            kind: self.kind,
+            namespace: self.namespace,
+            name: self.name,
+            uid: self.uid,
+            generation: self.generation,
+            resource_version: self.resource_version,
+        }
+    }
+}
+
 impl ObjectView {
     /// The object's `spec` (Null if it has none).
     #[must_use]
@@ -50,15 +66,8 @@ impl ObjectView {
     /// The same object as compact JSON text.
     #[must_use]
     pub fn into_json(self) -> ObjectJson {
-        Rendered {
-            object: self.object.to_string(),
-            kind: self.kind,
-            namespace: self.namespace,
-            name: self.name,
-            uid: self.uid,
-            generation: self.generation,
-            resource_version: self.resource_version,
-        }
+        let text = self.object.to_string();
+        self.with_object(text)
     }
 }
 
@@ -117,6 +126,21 @@ pub fn render_once_json(
     now_ms: i64,
 ) -> Option<ObjectJson> {
     render_text(snapshot, kind, features, now_ms, render_vm_direct)
+}
+
+/// What a write's answer carries in its basic view (everything but the object's text): a live
+/// VM's kind, namespace, name, uid, generation and resource version, from its state alone,
+/// with nothing rendered. They are the fields [`render_once_json`] gives the same snapshot.
+/// `None` for other kinds and for a VM that is not live: the caller renders those as usual,
+/// then leaves the text out.
+#[must_use]
+pub fn header(snapshot: &Snapshot, kind: Kind) -> Option<Rendered<()>> {
+    match (&snapshot.state, kind) {
+        (AggState::Vm(s), Kind::VirtualMachine) if s.is_live() => {
+            Some(vm_rendered(s, snapshot, ()))
+        }
+        _ => None,
+    }
 }
 
 /// How a live VM's text, with its `status`, is made without its tree; `None` to take the tree.
@@ -613,6 +637,9 @@ mod tests {
         };
         let once = render_once_json(&fresh, Kind::VirtualMachine, features, now_ms).expect("text");
         assert_eq!(once, got.clone().into_json());
+        // The basic view's fields are the rendered object's.
+        let basic = header(&fresh, Kind::VirtualMachine).expect("a live VM");
+        assert_eq!(basic.with_object(once.object.clone()), once);
         // Without the tree exactly when the stored spec holds the firmware identity (as every
         // create since it is stored there writes it).
         let stored =
@@ -719,6 +746,9 @@ mod tests {
         for way in [render_json, render_once_json] {
             assert_eq!(way(&deleted, Kind::VirtualMachine, &features, 0), None);
         }
+        assert_eq!(header(&deleted, Kind::VirtualMachine), None);
+        // Nor is a VM's stream rendered as another kind's header.
+        assert_eq!(header(&snapshot, Kind::VirtualMachineInstance), None);
     }
 
     #[test]

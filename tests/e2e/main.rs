@@ -17,6 +17,7 @@ mod qemu;
 mod serve;
 mod snapshots;
 mod tls;
+mod views;
 mod wait;
 mod walkthrough;
 mod watch;

@@ -1,0 +1,237 @@
+//! How much of a written object an apply answers with (`ApplyRequest.view`): the whole object by
+//! default, everything but its text in the basic view — the same fields a read gives, on every
+//! path an apply takes (a VM decided in memory, a VM whose instancetype is resolved on a
+//! blocking thread, another kind, a dry run, an unchanged object); an unknown view is refused
+//! with nothing written.
+
+use tonic::Code;
+use vmplane_gateway::pb::{self, objects_client::ObjectsClient};
+use vmplane_tests::{Cli, repo_root};
+
+use crate::{channel, rt, shared_server};
+
+fn example(name: &str) -> String {
+    std::fs::read_to_string(repo_root().join("examples").join(name)).expect("read example")
+}
+
+const INSTANCETYPE: &str = "apiVersion: instancetype.kubevirt.io/v1beta1
+kind: VirtualMachineInstancetype
+metadata:
+  name: small
+spec:
+  cpu:
+    guest: 1
+  memory:
+    guest: 128Mi
+";
+
+const VM_WITH_INSTANCETYPE: &str = "apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: sized
+spec:
+  instancetype:
+    kind: VirtualMachineInstancetype
+    name: small
+  runStrategy: Halted
+  template:
+    spec:
+      domain:
+        devices: {}
+";
+
+/// Applies `manifest` in `ns` asking for `view`.
+async fn apply(
+    client: &mut ObjectsClient<tonic::transport::Channel>,
+    manifest: &str,
+    ns: &str,
+    view: pb::ObjectView,
+    dry_run: bool,
+) -> Result<pb::ApplyResponse, tonic::Status> {
+    client
+        .apply(pb::ApplyRequest {
+            manifest: manifest.to_string(),
+            namespace: ns.to_string(),
+            dry_run,
+            view: view.into(),
+            ..Default::default()
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// The object as a read gives it now.
+async fn get(
+    client: &mut ObjectsClient<tonic::transport::Channel>,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> pb::Object {
+    client
+        .get(pb::GetRequest {
+            r#ref: Some(pb::ObjectRef {
+                kind: kind.to_string(),
+                namespace: ns.to_string(),
+                name: name.to_string(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("get")
+        .into_inner()
+        .object
+        .expect("an object")
+}
+
+/// `answer` is `read` without its text, at the answer's position.
+fn basic_of(answer: &pb::ApplyResponse, read: &pb::Object) {
+    let object = answer.object.as_ref().expect("an object");
+    assert!(object.json.is_empty(), "the basic view carries no text");
+    assert!(!read.json.is_empty());
+    assert_eq!(
+        object,
+        &pb::Object {
+            json: String::new(),
+            ..read.clone()
+        }
+    );
+    assert_eq!(object.resource_version, answer.position);
+}
+
+#[test]
+fn an_apply_in_the_basic_view_answers_what_a_read_gives_but_the_text() {
+    let server = shared_server();
+    let ns = "views-basic";
+    rt().block_on(async {
+        let mut client = ObjectsClient::new(channel(server).await);
+        use pb::ObjectView::{Basic, Full, Unspecified};
+
+        // A create, decided in memory: every field but the text.
+        let created = apply(&mut client, &example("vm.yaml"), ns, Basic, false)
+            .await
+            .expect("create");
+        assert_eq!(created.outcome, "created");
+        let read = get(&mut client, "vm", ns, "demo").await;
+        basic_of(&created, &read);
+        assert_eq!(read.generation, 1);
+        assert!(!read.uid.is_empty());
+
+        // An edit: the new generation and position.
+        let edited = apply(&mut client, &example("vm-bigger.yaml"), ns, Basic, false)
+            .await
+            .expect("edit");
+        assert_eq!(edited.outcome, "configured");
+        let read = get(&mut client, "vm", ns, "demo").await;
+        basic_of(&edited, &read);
+        assert_eq!(read.generation, 2);
+
+        // Unchanged: the object as it stands.
+        let unchanged = apply(&mut client, &example("vm-bigger.yaml"), ns, Basic, false)
+            .await
+            .expect("re-apply");
+        assert_eq!(unchanged.outcome, "unchanged");
+        let object = unchanged.object.as_ref().expect("an object");
+        assert_eq!(
+            object,
+            &pb::Object {
+                json: String::new(),
+                ..read.clone()
+            }
+        );
+
+        // The default and the full view carry the text a read gives.
+        for view in [Unspecified, Full] {
+            let full = apply(&mut client, &example("vm-bigger.yaml"), ns, view, false)
+                .await
+                .expect("re-apply");
+            assert_eq!(full.object.as_ref(), Some(&read), "{view:?}");
+        }
+
+        // Another kind, and a VM whose instancetype is resolved on a blocking thread.
+        let it = apply(&mut client, INSTANCETYPE, ns, Basic, false)
+            .await
+            .expect("instancetype");
+        basic_of(
+            &it,
+            &get(&mut client, "VirtualMachineInstancetype", ns, "small").await,
+        );
+        let sized = apply(&mut client, VM_WITH_INSTANCETYPE, ns, Basic, false)
+            .await
+            .expect("a VM with an instancetype");
+        basic_of(&sized, &get(&mut client, "vm", ns, "sized").await);
+
+        // A dry run: its kind and name, no text.
+        let dry = apply(
+            &mut client,
+            &example("vm.yaml").replace("name: demo", "name: dry"),
+            ns,
+            Basic,
+            true,
+        )
+        .await
+        .expect("dry run");
+        let object = dry.object.expect("an object");
+        assert_eq!(
+            (
+                object.kind.as_str(),
+                object.name.as_str(),
+                object.json.as_str()
+            ),
+            ("VirtualMachine", "dry", "")
+        );
+    });
+}
+
+#[test]
+fn an_unknown_view_is_refused_naming_the_field_and_writes_nothing() {
+    let server = shared_server();
+    let vmplane = Cli::new(server);
+    let ns = "views-unknown";
+    rt().block_on(async {
+        let mut client = ObjectsClient::new(channel(server).await);
+        let status = client
+            .apply(pb::ApplyRequest {
+                manifest: example("vm.yaml"),
+                namespace: ns.to_string(),
+                view: 7,
+                ..Default::default()
+            })
+            .await
+            .expect_err("an unknown view");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status.message().starts_with("view: 7 is not an ObjectView"),
+            "{}",
+            status.message()
+        );
+    });
+    let line = vmplane.fails(&["get", "vm", "demo", "-n", ns]);
+    assert!(line.contains("not found"), "{line}");
+    let audit: serde_json::Value =
+        serde_json::from_str(&vmplane.ok(&["audit", "-n", ns, "-o", "json"])).expect("JSON");
+    assert_eq!(audit, serde_json::json!([]), "nothing appended");
+}
+
+#[test]
+fn the_cli_asks_for_the_text_only_when_it_prints_the_object() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "views-cli";
+    let path = repo_root().join("examples").join("vm.yaml");
+    let file = path.to_str().expect("utf-8");
+    assert_eq!(
+        vmplane.ok(&["apply", "-f", file, "-n", ns]),
+        "virtualmachine/demo created\n"
+    );
+    assert_eq!(
+        vmplane.ok(&["apply", "-f", file, "-n", ns, "-o", "name"]),
+        "virtualmachine/demo\n"
+    );
+    let printed: serde_json::Value =
+        serde_json::from_str(&vmplane.ok(&["apply", "-f", file, "-n", ns, "-o", "json"]))
+            .expect("the object as JSON");
+    let read: serde_json::Value =
+        serde_json::from_str(&vmplane.ok(&["get", "vm", "demo", "-n", ns, "-o", "json"]))
+            .expect("JSON");
+    assert_eq!(printed, read);
+    assert_eq!(printed["metadata"]["generation"], 1);
+}
