@@ -28,7 +28,8 @@
 //! rate, p50 and p99 latency, the processor time the whole process spent per request with, in
 //! brackets, the part the load clients' own threads spent (the rest is the server's) — figures
 //! that hold still when other work shares the machine — and creates/s as a ratio of its rate.
-//! With `--rate N[,N...]`, last phases send creates on a schedule, N/s in all for each N,
+//! With `--rate N[,N...]`, last phases send creates on a schedule (answered with the whole
+//! object, or in the basic view with `--paced-view basic`), N/s in all for each N,
 //! whatever the answers do (an open loop, as a service's users send), each latency counted from
 //! when the request was due: the rate a latency target is stated at. The closed loop shows the
 //! rate at saturation, with a latency that is the clients' count over that rate, and it hides
@@ -61,7 +62,7 @@ Load generator for the gRPC gateway: VM creates (answered with the whole object,
 basic view), updates, dry-run creates and health checks
 against a real server in this process, beside the log's own append throughput.
 
-Usage: gateway-load [--rate N[,N...]] [--linger-us N] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
+Usage: gateway-load [--rate N[,N...] [--paced-view full|basic]] [--linger-us N] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
 
   CLIENTS         concurrent clients (default: 1, 16 and 64 in turn)
   SECONDS         length of each phase (default 5)
@@ -72,6 +73,8 @@ Usage: gateway-load [--rate N[,N...]] [--linger-us N] [CLIENTS [SECONDS [BACKEND
                   clients: its latency counts from when each request was due, so a request
                   held back by a slow answer before it counts the wait (no coordinated
                   omission)
+  --paced-view V  the view the paced creates ask their answer in: full (the whole object,
+                  the default) or basic (without its text, as `vmplane apply` asks)
   --linger-us N   the file log's committer lingers N µs for company, in the server and in
                   the log's own run (`vmplane serve --group-commit-linger-us`; default:
                   the server's, 150 µs with `file`)
@@ -174,7 +177,7 @@ impl Phase {
 }
 
 /// What a phase's clients send.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Load {
     /// `Apply` of a new VM.
     Create,
@@ -283,9 +286,10 @@ async fn drive(
                 let name = match (load, due_times.is_some()) {
                     // New names: a dry run of a name the create phase made would be an update,
                     // and so would a paced create.
+                    (_, true) => format!("paced{}-{load:?}-r{round}-c{c}-{i}", rate.unwrap_or(0.0))
+                        .to_ascii_lowercase(),
                     (Load::DryRun, _) => format!("dry-r{round}-c{c}-{i}"),
                     (Load::CreateBasic, _) => format!("basic-r{round}-c{c}-{i}"),
-                    (_, true) => format!("paced{}-r{round}-c{c}-{i}", rate.unwrap_or(0.0)),
                     _ => format!("vm-r{round}-c{c}-{i}"),
                 };
                 let memory_mi = if load == Load::Update { 256 } else { 128 };
@@ -493,6 +497,11 @@ fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?,
         None => Vec::new(),
     };
+    let paced_load = match take_option(&mut args, "--paced-view", "full or basic")?.as_deref() {
+        None | Some("full") => Load::Create,
+        Some("basic") => Load::CreateBasic,
+        Some(other) => anyhow::bail!("--paced-view {other:?}: full or basic"),
+    };
     let linger_us: Option<u64> = take_option(&mut args, "--linger-us", "a number of microseconds")?
         .map(|value| {
             value.parse::<u64>().map_err(|e| {
@@ -612,7 +621,7 @@ fn main() -> anyhow::Result<()> {
             let mut paced = Vec::new();
             for &rate in &rates {
                 let rate = Some(f64::from(rate));
-                paced.push(drive(&channels, clients, run, Load::Create, round, rate).await?);
+                paced.push(drive(&channels, clients, run, paced_load, round, rate).await?);
             }
             let log =
                 tokio::task::spawn_blocking(move || log_baseline(backend, clients, run, linger_us))
@@ -635,7 +644,12 @@ fn main() -> anyhow::Result<()> {
             row("Apply: create, dry run", &dry_run);
             row("health Check", &floor);
             for (rate, paced) in rates.iter().zip(&paced) {
-                row(&format!("create, paced {rate}/s"), paced);
+                let what = if paced_load == Load::CreateBasic {
+                    "basic"
+                } else {
+                    "create"
+                };
+                row(&format!("{what}, paced {rate}/s"), paced);
             }
             println!(
                 "{:>7} | {:<22} | {:>9.0} {:>9} {:>9} {:>15} | {:>11.2}x",

@@ -345,6 +345,11 @@ impl PersistedSnapshot {
         self.applied
     }
 
+    /// The streams it holds.
+    pub fn streams(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
     /// The hash of the event at that position.
     pub fn hash(&self) -> &[u8; 32] {
         &self.applied_hash

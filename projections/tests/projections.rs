@@ -338,6 +338,60 @@ fn the_periodic_checkpoint_written_in_the_background_loads_as_a_restart_would() 
     );
 }
 
+/// The position of the read model's checkpoint in `dir`, once one is there (waiting up to 10 s
+/// for the background writer).
+fn checkpoint_at(dir: &std::path::Path) -> u64 {
+    let path = checkpoint::path(dir, "readmodel");
+    for _ in 0..1_000 {
+        if let Ok(Some(loaded)) = checkpoint::read::<serde_json::Value>(&path, "readmodel") {
+            return loaded.position;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("no checkpoint written in {}", dir.display());
+}
+
+#[test]
+fn a_checkpoint_of_more_streams_than_the_interval_is_followed_after_as_many_events() {
+    let env = env();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = ProjectionOptions {
+        checkpoint_every_events: 2,
+        ..common::options()
+    };
+    let periodic = Projections::open(Arc::clone(&env.log), dir.path(), options).expect("open");
+    // 20 VMs: as many streams, at least as many events. Due: the first checkpoint.
+    for i in 0..20 {
+        env.apply_vm("alice", vm("team-a", &format!("c{i}"), "128Mi"));
+    }
+    let first = periodic.catch_up().expect("catch up").0;
+    assert!(first >= 20, "{first}");
+    assert_eq!(checkpoint_at(dir.path()), first);
+    // 10 edits: past the interval of 2, short of the model's 20 streams. Not due.
+    for memory in 1..=10 {
+        env.apply_vm("bob", vm("team-a", "c0", &format!("{}Mi", 128 + memory)));
+    }
+    let later = periodic.catch_up().expect("catch up").0;
+    assert_eq!(later, first + 10, "one event per edit");
+    // Dropping the projections waits for any checkpoint being written.
+    drop(periodic);
+    assert_eq!(
+        checkpoint_at(dir.path()),
+        first,
+        "no checkpoint 10 events later"
+    );
+    // Reopened from that checkpoint (the 10 edits replayed), 10 more edits: 20 events past
+    // the checkpoint of 20 streams, due.
+    let reopened = Projections::open(Arc::clone(&env.log), dir.path(), options).expect("reopen");
+    for memory in 11..=20 {
+        env.apply_vm("bob", vm("team-a", "c0", &format!("{}Mi", 128 + memory)));
+    }
+    let last = reopened.catch_up().expect("catch up").0;
+    assert_eq!(last, first + 20);
+    drop(reopened);
+    assert_eq!(checkpoint_at(dir.path()), last);
+}
+
 #[test]
 fn a_damaged_or_foreign_checkpoint_is_discarded_and_rebuilt() {
     let env = env();
