@@ -103,8 +103,8 @@ pub enum DesiredAction {
 /// captured instancetype and preference; the stored spec if that cannot be expanded), with
 /// their fields, in field order.
 pub fn feature_blockers(s: &VmState, features: &Features) -> Vec<FeatureUse> {
-    // `requested` is derived by `evolve` whenever the spec or a capture changes.
-    features.disabled_uses(s.requested.to_vec())
+    // Derived once per change of the spec or a capture.
+    features.disabled_uses(s.requested().to_vec())
 }
 
 /// The disabled features the running (not yet ended) VMI uses, from the spec it was launched

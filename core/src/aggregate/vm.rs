@@ -4,7 +4,7 @@
 //! `spec.template.spec.domain.firmware`), the captured instancetype/preference, and the VMI
 //! runs. Status is never stored: [`crate::lifecycle`] derives it from [`VmState`].
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use uuid::Uuid;
 
@@ -153,13 +153,33 @@ pub struct VmState {
     pub run: RunState,
     /// Events whose embedded JSON could not be read (should stay 0; `verify` reports them).
     pub unreadable_events: u64,
-    /// What the next VMI would request (derived by [`evolve`] from `vm`, `instancetype` and
-    /// `preference` whenever one of them changes, so status rendering does not expand and
-    /// inspect the spec on every read).
-    pub requested: Arc<Vec<FeatureUse>>,
+    /// What the next VMI would request: [`VmState::requested`], derived from `vm`,
+    /// `instancetype` and `preference` the first time it is asked for after [`evolve`] changed
+    /// one of them, then kept, so status rendering does not expand and inspect the spec on
+    /// every read, and a write whose answer shows no status never does.
+    pub requested: Requested,
+}
+
+/// A [`VmState`]'s requested features, derived once when first asked for and shared by the
+/// clones of the state it was derived for. [`evolve`] starts a new one whenever what it is
+/// derived from changes. Equal whatever it holds: it is a function of the state's other
+/// fields, which the state's equality compares.
+#[derive(Debug, Clone, Default)]
+pub struct Requested(Arc<OnceLock<Vec<FeatureUse>>>);
+
+impl PartialEq for Requested {
+    fn eq(&self, _: &Requested) -> bool {
+        true
+    }
 }
 
 impl VmState {
+    /// What the next VMI would request: the spec expanded with the captured instancetype and
+    /// preference, or the stored spec if that cannot be expanded (derived on first use).
+    pub fn requested(&self) -> &[FeatureUse] {
+        self.requested.0.get_or_init(|| requested_of(self))
+    }
+
     /// Whether a VM lives under this name.
     pub fn is_live(&self) -> bool {
         self.existence == Existence::Live
@@ -551,7 +571,7 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
             | Event::InstancetypeRevisionCaptured(_)
             | Event::PreferenceRevisionCaptured(_)
     ) {
-        s.requested = Arc::new(requested_of(s));
+        s.requested = Requested::default();
     }
 }
 

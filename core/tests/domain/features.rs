@@ -575,6 +575,56 @@ fn starting_a_vm_that_requests_a_disabled_feature_creates_no_vmi() {
 }
 
 #[test]
+fn a_vm_s_requested_features_are_derived_when_asked_and_follow_its_edits() {
+    let gates = |uses: &[FeatureUse]| uses.iter().map(|u| u.feature).collect::<Vec<_>>();
+    let mut s = Scenario::new();
+    let created = s.create(downward_vm("Halted"));
+    let after = created
+        .vm_after
+        .as_deref()
+        .expect("the state after the create");
+    // The decided state and the fold of the stream derive the same.
+    assert_eq!(after.requested(), s.state().requested());
+    assert_eq!(gates(after.requested()), [DOWNWARD_METRICS]);
+    assert_eq!(
+        after.requested()[0].field,
+        "spec.template.spec.domain.devices.downwardMetrics"
+    );
+    // An edit that drops the device, decided on a state that has derived its features: the
+    // state after requests nothing, while the state before it (as time travel keeps it)
+    // still requests what it did.
+    let before = s.state();
+    assert_eq!(gates(before.requested()), [DOWNWARD_METRICS]);
+    let edited = vm::decide(&before, &apply_cmd(vm_with("Halted", "", "")), &mut ctx())
+        .expect("the edit is accepted");
+    let after = edited
+        .vm_after
+        .as_deref()
+        .expect("the state after the edit");
+    assert!(after.requested().is_empty(), "{:?}", after.requested());
+    assert_eq!(gates(before.requested()), [DOWNWARD_METRICS]);
+    let edited = s.apply(vm_with("Halted", "", ""));
+    let after = edited
+        .vm_after
+        .as_deref()
+        .expect("the state after the edit");
+    assert!(after.requested().is_empty(), "{:?}", after.requested());
+    assert!(s.state().requested().is_empty());
+    // And back: the device again, the feature again.
+    let edited = s.apply(downward_vm("Halted"));
+    let after = edited
+        .vm_after
+        .as_deref()
+        .expect("the state after the edit");
+    assert_eq!(gates(after.requested()), [DOWNWARD_METRICS]);
+    assert_eq!(
+        lifecycle::feature_blockers(after, &off()),
+        after.requested().to_vec()
+    );
+    assert!(lifecycle::feature_blockers(after, &on()).is_empty());
+}
+
+#[test]
 fn manual_start_is_recorded_but_no_vmi_follows_while_disabled() {
     let mut s = Scenario::new();
     s.create(downward_vm("Manual"));
