@@ -1330,11 +1330,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_checkpoint_is_due_after_the_interval_or_the_model_s_size_whichever_is_more() {
-        // A small model: the interval.
+    fn a_checkpoint_is_due_after_the_interval_or_the_last_one_s_size_whichever_is_more() {
+        // After a small checkpoint: the interval.
         assert!(!checkpoint_due(99_999, 100_000, 10));
         assert!(checkpoint_due(100_000, 100_000, 10));
-        // A model past the interval: as many events as it holds streams.
+        // After one of more streams than the interval: as many events as it held streams.
         assert!(!checkpoint_due(100_000, 100_000, 1_000_000));
         assert!(!checkpoint_due(999_999, 100_000, 1_000_000));
         assert!(checkpoint_due(1_000_000, 100_000, 1_000_000));
