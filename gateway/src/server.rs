@@ -351,13 +351,73 @@ pub async fn serve(
 /// algorithm and the peer's delayed ACK (40 ms a request otherwise).
 fn incoming(
     listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>> {
     use tokio_stream::StreamExt;
     TcpListenerStream::new(listener).map(|conn| {
         let conn = conn?;
         conn.set_nodelay(true)?;
-        Ok(conn)
+        Ok(Conn(conn))
     })
+}
+
+/// A served TCP connection that reports no vectored writes, so that h2 copies each frame of up
+/// to 1 KiB into its 16 KiB write buffer instead of queueing it as a buffer of its own.
+///
+/// h2 queues ("chains") a DATA frame's payload rather than copying it when it is larger than
+/// 256 bytes on an I/O with vectored writes, 1 KiB on one without; and it buffers no further
+/// frame behind a queued one until that one is written. The answers of a group commit are
+/// released together, and a create's answer (~800 bytes with the whole object) is past 256
+/// bytes: on a `TcpStream` as it is, the answers multiplexed on one connection leave in one
+/// `writev` each; through this wrapper they leave together in one `write`. The cost: a frame
+/// larger than 1 KiB leaves in two `write`s (the buffer, then the frame) instead of one
+/// `writev` — a large answer, where one more system call weighs little.
+struct Conn(tokio::net::TcpStream);
+
+impl tokio::io::AsyncRead for Conn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Conn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    /// Deliberately `false` (the trait's default, stated): see the type's documentation.
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.0.connect_info()
+    }
 }
 
 /// Which embedded backend's log `data` holds, if either's: sled keeps its `db` file there, the
@@ -576,6 +636,37 @@ mod tests {
     use tracing::Level;
 
     use super::{LogFilter, log_filter};
+
+    /// What h2 reads to decide between copying a frame into its write buffer (up to 1 KiB
+    /// without vectored writes) and queueing it on its own (past 256 bytes with them): an
+    /// accepted connection must say it has none, carry `TCP_NODELAY`, and pass bytes both ways.
+    #[tokio::test]
+    async fn accepted_connections_report_no_vectored_writes_and_pass_bytes_without_delay() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio_stream::StreamExt;
+        use tonic::transport::server::Connected;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut accepted = Box::pin(super::incoming(listener));
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut conn = accepted.next().await.unwrap().unwrap();
+
+        assert!(!tokio::io::AsyncWrite::is_write_vectored(&conn));
+        assert!(conn.0.nodelay().unwrap());
+        assert_eq!(
+            conn.connect_info().remote_addr(),
+            Some(client.local_addr().unwrap())
+        );
+        conn.write_all(b"answer").await.unwrap();
+        let mut got = [0u8; 6];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"answer");
+        client.write_all(b"request").await.unwrap();
+        let mut got = [0u8; 7];
+        conn.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"request");
+    }
 
     #[test]
     fn rust_log_lists_of_targets_and_levels_filter_without_envfilter_and_span_directives_with_it() {
