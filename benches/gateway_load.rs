@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use vmplane_gateway::cli::{Backend, ServeArgs};
@@ -60,7 +60,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const USAGE: &str = "\
 Load generator for the gRPC gateway: VM creates (answered with the whole object, then in the
 basic view), updates, dry-run creates and health checks
-against a real server in this process, beside the log's own append throughput.
+against a real server in this process, beside the log's own append throughput. The clients
+share 4 HTTP/2 connections, which write as the server's do (no vectored writes: the frames
+ready together leave in one write).
 
 Usage: gateway-load [--rate N[,N...] [--paced-view full|basic]] [--linger-us N] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
 
@@ -86,6 +88,29 @@ Example: cargo run --release -p vmplane-benches --bin gateway-load -- 64 6 file"
 
 /// Channels the clients share (HTTP/2 multiplexes the rest).
 const CHANNELS: usize = 4;
+
+/// The clients' connector: a TCP connection with `TCP_NODELAY`, wrapped as the server wraps
+/// its own ([`vmplane_gateway::server::PlainWrites`]), so that the requests ready together on
+/// one connection (each ~300 bytes, past h2's 256-byte threshold for queueing a frame on its
+/// own) leave in one write, as the server's answers do, not in one `writev` each.
+fn plain_writes(
+    addr: std::net::SocketAddr,
+) -> impl tower::Service<
+    tonic::transport::Uri,
+    Response = hyper_util::rt::TokioIo<vmplane_gateway::server::PlainWrites<tokio::net::TcpStream>>,
+    Error = std::io::Error,
+    Future = impl Future + Send,
+> + Send
++ Clone
++ 'static {
+    tower::service_fn(move |_: tonic::transport::Uri| async move {
+        let conn = tokio::net::TcpStream::connect(addr).await?;
+        conn.set_nodelay(true)?;
+        Ok(hyper_util::rt::TokioIo::new(
+            vmplane_gateway::server::PlainWrites(conn),
+        ))
+    })
+}
 
 fn manifest(name: &str, memory_mi: u32) -> String {
     format!(
@@ -599,7 +624,10 @@ fn main() -> anyhow::Result<()> {
         let mut channels = Vec::new();
         for _ in 0..CHANNELS {
             let ch = loop {
-                match Channel::from_shared(url.clone())?.connect().await {
+                match Endpoint::from_shared(url.clone())?
+                    .connect_with_connector(plain_writes(addr))
+                    .await
+                {
                     Ok(ch) => break ch,
                     // It refused its settings (or failed to start): its error is told below.
                     Err(_) if server.is_finished() => return Ok(false),

@@ -351,17 +351,18 @@ pub async fn serve(
 /// algorithm and the peer's delayed ACK (40 ms a request otherwise).
 fn incoming(
     listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>> {
+) -> impl tokio_stream::Stream<Item = std::io::Result<PlainWrites<tokio::net::TcpStream>>> {
     use tokio_stream::StreamExt;
     TcpListenerStream::new(listener).map(|conn| {
         let conn = conn?;
         conn.set_nodelay(true)?;
-        Ok(Conn(conn))
+        Ok(PlainWrites(conn))
     })
 }
 
-/// A served TCP connection that reports no vectored writes, so that h2 copies each frame of up
-/// to 1 KiB into its 16 KiB write buffer instead of queueing it as a buffer of its own.
+/// A connection that reports no vectored writes, so that h2 copies each frame of up to 1 KiB
+/// into its 16 KiB write buffer instead of queueing it as a buffer of its own. The server wraps
+/// every accepted connection in it; the load generator its clients' connections.
 ///
 /// h2 queues ("chains") a DATA frame's payload rather than copying it when it is larger than
 /// 256 bytes on an I/O with vectored writes, 1 KiB on one without; and it buffers no further
@@ -371,9 +372,10 @@ fn incoming(
 /// `writev` each; through this wrapper they leave together in one `write`. The cost: a frame
 /// larger than 1 KiB leaves in two `write`s (the buffer, then the frame) instead of one
 /// `writev` — a large answer, where one more system call weighs little.
-struct Conn(tokio::net::TcpStream);
+#[derive(Debug)]
+pub struct PlainWrites<T>(pub T);
 
-impl tokio::io::AsyncRead for Conn {
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for PlainWrites<T> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -383,7 +385,7 @@ impl tokio::io::AsyncRead for Conn {
     }
 }
 
-impl tokio::io::AsyncWrite for Conn {
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for PlainWrites<T> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -412,7 +414,7 @@ impl tokio::io::AsyncWrite for Conn {
     }
 }
 
-impl tonic::transport::server::Connected for Conn {
+impl tonic::transport::server::Connected for PlainWrites<tokio::net::TcpStream> {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
