@@ -408,6 +408,17 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for PlainWrites<T> 
         std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
     }
 
+    /// The inner stream's own: the hint below says "none" for h2's sake, but a writer that
+    /// calls this whatever the hint says (rustls writing its records under tonic's TLS) still
+    /// gets one `writev` for all its buffers, not one `write` for the first.
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
     /// Deliberately `false` (the trait's default, stated): see the type's documentation.
     fn is_write_vectored(&self) -> bool {
         false
@@ -641,7 +652,8 @@ mod tests {
 
     /// What h2 reads to decide between copying a frame into its write buffer (up to 1 KiB
     /// without vectored writes) and queueing it on its own (past 256 bytes with them): an
-    /// accepted connection must say it has none, carry `TCP_NODELAY`, and pass bytes both ways.
+    /// accepted connection must say it has none, carry `TCP_NODELAY`, and pass bytes both ways,
+    /// a vectored write whole.
     #[tokio::test]
     async fn accepted_connections_report_no_vectored_writes_and_pass_bytes_without_delay() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -668,6 +680,14 @@ mod tests {
         let mut got = [0u8; 7];
         conn.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"request");
+        // A caller that writes vectored anyway (rustls under TLS) has all its buffers written
+        // at once, not only the first.
+        let parts = [b"one ".as_slice(), b"two ", b"three"];
+        let slices = parts.map(std::io::IoSlice::new);
+        assert_eq!(conn.write_vectored(&slices).await.unwrap(), 13);
+        let mut got = [0u8; 13];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"one two three");
     }
 
     #[test]
