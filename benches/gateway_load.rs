@@ -64,7 +64,7 @@ against a real server in this process, beside the log's own append throughput. T
 share 4 HTTP/2 connections, which write as the server's do (no vectored writes: the frames
 ready together leave in one write).
 
-Usage: gateway-load [--rate N[,N...] [--paced-view full|basic]] [--linger-us N] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
+Usage: gateway-load [--rate N[,N...] [--paced-view full|basic]] [--linger-us N] [--tls] [CLIENTS [SECONDS [BACKEND [CLIENT_THREADS [SERVER_WORKERS]]]]]
 
   CLIENTS         concurrent clients (default: 1, 16 and 64 in turn)
   SECONDS         length of each phase (default 5)
@@ -77,6 +77,8 @@ Usage: gateway-load [--rate N[,N...] [--paced-view full|basic]] [--linger-us N] 
                   omission)
   --paced-view V  the view the paced creates ask their answer in: full (the whole object,
                   the default) or basic (without its text, as `vmplane apply` asks)
+  --tls           serve over TLS (`vmplane serve --tls-cert/--tls-key`, a certificate made
+                  for the run) and connect the clients over it
   --linger-us N   the file log's committer lingers N µs for company, in the server and in
                   the log's own run (`vmplane serve --group-commit-linger-us`; default:
                   the server's, 150 µs with `file`)
@@ -88,6 +90,39 @@ Example: cargo run --release -p vmplane-benches --bin gateway-load -- 64 6 file"
 
 /// Channels the clients share (HTTP/2 multiplexes the rest).
 const CHANNELS: usize = 4;
+
+/// `--tls`: a CA made for the run, and a certificate it signed for `127.0.0.1`, the server's
+/// certificate and key written in `dir` for `vmplane serve --tls-cert/--tls-key`.
+struct Pki {
+    ca_pem: String,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+impl Pki {
+    fn new(dir: &std::path::Path) -> anyhow::Result<Pki> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "gateway-load CA");
+        let ca_key = KeyPair::generate()?;
+        let ca = ca_params.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate()?;
+        let server = CertificateParams::new(vec!["127.0.0.1".to_owned()])?
+            .signed_by(&server_key, &issuer)?;
+        let (cert, key) = (dir.join("server.pem"), dir.join("server-key.pem"));
+        std::fs::write(&cert, server.pem())?;
+        std::fs::write(&key, server_key.serialize_pem())?;
+        Ok(Pki {
+            ca_pem: ca.pem(),
+            cert,
+            key,
+        })
+    }
+}
 
 /// The clients' connector: a TCP connection with `TCP_NODELAY`, wrapped as the server wraps
 /// its own ([`vmplane_gateway::server::PlainWrites`]), so that the requests ready together on
@@ -534,6 +569,13 @@ fn main() -> anyhow::Result<()> {
             })
         })
         .transpose()?;
+    let tls = match args.iter().position(|a| a == "--tls") {
+        Some(at) => {
+            args.remove(at);
+            true
+        }
+        None => false,
+    };
     // The `index`th argument, `what`, as a number (`None` when not given).
     let number = |index: usize, what: &str| -> anyhow::Result<Option<u64>> {
         args.get(index)
@@ -572,14 +614,20 @@ fn main() -> anyhow::Result<()> {
     };
     println!(
         "backend: {}{linger}, load clients on {client_threads} thread(s), server on \
-         {server_workers} worker(s)",
-        backend.name()
+         {server_workers} worker(s){}",
+        backend.name(),
+        if tls { ", over TLS" } else { "" }
     );
 
     // The server logs as `vmplane serve` does: its per-request spans (principal, object) cost
     // what they cost in the binary.
     vmplane_gateway::server::init_tracing();
     let dir = tempfile::tempdir()?;
+    let pki = if tls {
+        Some(Pki::new(dir.path())?)
+    } else {
+        None
+    };
     let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = probe.local_addr()?;
     drop(probe);
@@ -592,8 +640,8 @@ fn main() -> anyhow::Result<()> {
         backend,
         auth: None,
         metrics_listen: None,
-        tls_cert: None,
-        tls_key: None,
+        tls_cert: pki.as_ref().map(|p| p.cert.clone()),
+        tls_key: pki.as_ref().map(|p| p.key.clone()),
         etcd_endpoints: Vec::new(),
         etcd_prefix: "vmplane".into(),
         etcd_max_txn_ops: 128,
@@ -620,14 +668,18 @@ fn main() -> anyhow::Result<()> {
     client_rt.disable_lifo_slot();
     let client_rt = client_rt.build()?;
     let ran = client_rt.block_on(async {
-        let url = format!("http://{addr}");
+        let url = format!("{}://{addr}", if tls { "https" } else { "http" });
         let mut channels = Vec::new();
         for _ in 0..CHANNELS {
             let ch = loop {
-                match Endpoint::from_shared(url.clone())?
-                    .connect_with_connector(plain_writes(addr))
-                    .await
-                {
+                let mut endpoint = Endpoint::from_shared(url.clone())?;
+                if let Some(pki) = &pki {
+                    endpoint = endpoint
+                        .tls_config(tonic::transport::ClientTlsConfig::new().ca_certificate(
+                            tonic::transport::Certificate::from_pem(&pki.ca_pem),
+                        ))?;
+                }
+                match endpoint.connect_with_connector(plain_writes(addr)).await {
                     Ok(ch) => break ch,
                     // It refused its settings (or failed to start): its error is told below.
                     Err(_) if server.is_finished() => return Ok(false),
