@@ -159,12 +159,7 @@ pub async fn serve(
         args.backend.name()
     );
     let tls = ServerTls::load(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
-    let mut grpc = Server::builder();
-    if let Some(tls) = &tls {
-        grpc = grpc
-            .tls_config(tls.server_config())
-            .context("--tls-cert/--tls-key: cannot serve TLS with them")?;
-    }
+    let grpc = Server::builder();
     let auth = match &args.auth {
         Some(path) => Some(Arc::new(Authenticator::load(path).context("--auth")?)),
         None => None,
@@ -285,7 +280,7 @@ pub async fn serve(
             tokio::time::sleep(SHUTDOWN_DRAIN_MAX).await;
         }
     };
-    let serving = grpc
+    let router = grpc
         .layer(MetricsLayer::new(metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -315,8 +310,18 @@ pub async fn serve(
         .add_service(
             pb::watch_server::WatchServer::from_arc(api.clone())
                 .max_decoding_message_size(REQUEST_BYTES_MAX),
-        )
-        .serve_with_incoming_shutdown(incoming(listener), stopped(stop_rx));
+        );
+    // TLS is accepted here, not by tonic, so that the stream h2 writes to is `PlainWrites`
+    // over TLS too (see there).
+    let serving: std::pin::Pin<
+        Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match &tls {
+        Some(tls) => Box::pin(router.serve_with_incoming_shutdown(
+            incoming_tls(listener, tls.acceptor(), ServerTls::handshake_deadline()),
+            stopped(stop_rx),
+        )),
+        None => Box::pin(router.serve_with_incoming_shutdown(incoming(listener), stopped(stop_rx))),
+    };
     tokio::select! {
         served = serving => served.context("serve gRPC")?,
         () = drain_deadline => tracing::warn!(
@@ -358,6 +363,60 @@ fn incoming(
         conn.set_nodelay(true)?;
         Ok(PlainWrites(conn))
     })
+}
+
+/// Accepted connections over TLS, each wrapped in [`PlainWrites`] after its handshake, so that
+/// h2 copies frames of up to 1 KiB into its buffer and rustls seals the answers a group commit
+/// releases together into one record, as [`incoming`] lets them leave in one write.
+///
+/// Each handshake runs in a task of its own, closed after `deadline`: a client that connects
+/// and says nothing holds neither the listener nor the others. A failed handshake closes that
+/// connection only (logged at debug: a plaintext client, a client that does not trust the
+/// certificate). The listener stops when the server drops the stream (at shutdown).
+fn incoming_tls(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    deadline: std::time::Duration,
+) -> impl tokio_stream::Stream<
+    Item = std::io::Result<PlainWrites<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>,
+> {
+    let (ready_tx, ready_rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = ready_tx.closed() => return,
+            };
+            let conn = match accepted {
+                Ok((conn, _)) => conn,
+                Err(err) => {
+                    // Out of descriptors, a connection reset before it was accepted, …: the
+                    // listener itself is fine; wait a little rather than spin on the error.
+                    tracing::warn!(%err, "accepting a connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if let Err(err) = conn.set_nodelay(true) {
+                tracing::debug!(%err, "TCP_NODELAY could not be set: connection closed");
+                continue;
+            }
+            let (acceptor, ready_tx) = (acceptor.clone(), ready_tx.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(deadline, acceptor.accept(conn)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = ready_tx.send(Ok(PlainWrites(tls))).await;
+                    }
+                    Ok(Err(err)) => tracing::debug!(%err, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(
+                        seconds = deadline.as_secs(),
+                        "TLS handshake not done in time: connection closed"
+                    ),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(ready_rx)
 }
 
 /// A connection that reports no vectored writes, so that h2 copies each frame of up to 1 KiB
@@ -425,8 +484,10 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for PlainWrites<T> 
     }
 }
 
-impl tonic::transport::server::Connected for PlainWrites<tokio::net::TcpStream> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected
+    for PlainWrites<T>
+{
+    type ConnectInfo = T::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.0.connect_info()

@@ -8,18 +8,18 @@
 //! [`connect`] and [`explain_connect_failure`] (why a handshake failed, and what to check; a
 //! plaintext call a TLS server hung up on says so too).
 //!
-//! rustls with the `ring` provider does the work, through tonic. This module never relaxes a
+//! rustls with the `ring` provider does the work: through tonic on the client, through
+//! tokio-rustls in the server's listener (`server::incoming_tls`). This module never relaxes a
 //! verification (no "insecure" switch) and never reads a file the user did not name: without
 //! `--ca-cert` a client trusts the webpki roots compiled into the binary.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tonic::transport::{
-    Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
-};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// How long a TLS handshake may take, in milliseconds, on either side: a peer that opens a
 /// connection and says nothing does not hold it longer.
@@ -63,8 +63,7 @@ pub enum TlsFileError {
 /// together.
 #[derive(Debug, Clone)]
 pub struct ServerTls {
-    cert_pem: Vec<u8>,
-    key_pem: Vec<u8>,
+    config: Arc<rustls::ServerConfig>,
 }
 
 impl ServerTls {
@@ -106,6 +105,7 @@ impl ServerTls {
             )
         })?;
         let provider = rustls::crypto::ring::default_provider();
+        let (served_chain, served_key) = (chain.clone(), private_key.clone_key());
         rustls::sign::CertifiedKey::from_der(chain, private_key, &provider).map_err(
             |err| match err {
                 rustls::Error::InconsistentKeys(_) => invalid(
@@ -132,14 +132,30 @@ impl ServerTls {
                 ),
             },
         )?;
-        Ok(Some(ServerTls { cert_pem, key_pem }))
+        // The key and certificate were checked to belong together just above: what is left to
+        // fail here is rustls' own choice of protocol versions for the provider.
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+            .with_safe_default_protocol_versions()
+            .and_then(|b| {
+                b.with_no_client_auth()
+                    .with_single_cert(served_chain, served_key)
+            })
+            .map_err(|err| invalid("--tls-key", key, format!("cannot serve TLS with it: {err}")))?;
+        // HTTP/2 only, offered through ALPN, as gRPC clients ask for it.
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Some(ServerTls {
+            config: Arc::new(config),
+        }))
     }
 
-    /// tonic's server configuration for this identity (HTTP/2 offered through ALPN).
-    pub fn server_config(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
-            .timeout(Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS))
+    /// The handshake side of this identity, for the server's listener (`server::incoming_tls`).
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.config.clone())
+    }
+
+    /// How long a client's handshake may take before its connection is closed.
+    pub fn handshake_deadline() -> Duration {
+        Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS)
     }
 }
 
