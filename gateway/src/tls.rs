@@ -105,9 +105,8 @@ impl ServerTls {
             )
         })?;
         let provider = rustls::crypto::ring::default_provider();
-        let (served_chain, served_key) = (chain.clone(), private_key.clone_key());
-        rustls::sign::CertifiedKey::from_der(chain, private_key, &provider).map_err(
-            |err| match err {
+        let certified = rustls::sign::CertifiedKey::from_der(chain, private_key, &provider)
+            .map_err(|err| match err {
                 rustls::Error::InconsistentKeys(_) => invalid(
                     "--tls-key",
                     key,
@@ -130,17 +129,14 @@ impl ServerTls {
                         "not a usable private key (RSA, ECDSA P-256/P-384 or Ed25519): {other}"
                     ),
                 ),
-            },
-        )?;
-        // The key and certificate were checked to belong together just above: what is left to
-        // fail here is rustls' own choice of protocol versions for the provider.
+            })?;
+        // Serves the key and certificate checked just above: what is left to fail here is
+        // rustls' own choice of protocol versions for the provider.
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
             .with_safe_default_protocol_versions()
-            .and_then(|b| {
-                b.with_no_client_auth()
-                    .with_single_cert(served_chain, served_key)
-            })
-            .map_err(|err| invalid("--tls-key", key, format!("cannot serve TLS with it: {err}")))?;
+            .map_err(|err| invalid("--tls-key", key, format!("cannot serve TLS with it: {err}")))?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
         // HTTP/2 only, offered through ALPN, as gRPC clients ask for it.
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Some(ServerTls {

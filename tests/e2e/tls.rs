@@ -226,26 +226,36 @@ fn the_health_service_answers_over_tls() {
     let pki = Pki::new();
     let server = Server::start(&pki.dir.path().join("data"), &pki.serve_args());
     let ca = std::fs::read(&pki.ca).expect("read the CA");
-    let status = rt().block_on(async {
+    assert_eq!(
+        health_over_tls(&server, &ca, "vmplane.v1.Objects"),
+        ServingStatus::Serving
+    );
+}
+
+/// The health of `service` (the server's, when empty) asked over TLS, trusting `ca`, within 3 s
+/// for the connection and 3 s for the answer.
+fn health_over_tls(server: &Server, ca: &[u8], service: &str) -> ServingStatus {
+    rt().block_on(async {
         let tls = tonic::transport::ClientTlsConfig::new()
             .ca_certificate(tonic::transport::Certificate::from_pem(ca));
         let channel = tonic::transport::Channel::from_shared(server.https_url())
             .expect("url")
             .tls_config(tls)
             .expect("TLS config")
+            .connect_timeout(std::time::Duration::from_secs(3))
+            .timeout(std::time::Duration::from_secs(3))
             .connect()
             .await
             .expect("connect over TLS");
         HealthClient::new(channel)
             .check(HealthCheckRequest {
-                service: "vmplane.v1.Objects".into(),
+                service: service.into(),
             })
             .await
             .expect("health check")
             .into_inner()
             .status()
-    });
-    assert_eq!(status, ServingStatus::Serving);
+    })
 }
 
 /// Connections that open and say nothing (a port scanner, a stalled client) wait for their
@@ -259,40 +269,15 @@ fn silent_connections_do_not_hold_up_the_handshake_of_the_next_client() {
     let silent: Vec<std::net::TcpStream> = (0..8)
         .map(|_| std::net::TcpStream::connect(server.addr).expect("connect a silent client"))
         .collect();
-    let check = || {
-        let ca = ca.clone();
-        let url = server.https_url();
-        rt().block_on(async move {
-            let tls = tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca));
-            let channel = tonic::transport::Channel::from_shared(url)
-                .expect("url")
-                .tls_config(tls)
-                .expect("TLS config")
-                .connect_timeout(std::time::Duration::from_secs(3))
-                .timeout(std::time::Duration::from_secs(3))
-                .connect()
-                .await
-                .expect("connect over TLS while silent connections wait");
-            HealthClient::new(channel)
-                .check(HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .expect("health check")
-                .into_inner()
-                .status()
-        })
-    };
     let started = std::time::Instant::now();
-    assert_eq!(check(), ServingStatus::Serving);
+    assert_eq!(health_over_tls(&server, &ca, ""), ServingStatus::Serving);
     assert!(
         started.elapsed() < std::time::Duration::from_secs(5),
         "served after {:?}, behind the silent connections",
         started.elapsed()
     );
     drop(silent);
-    assert_eq!(check(), ServingStatus::Serving);
+    assert_eq!(health_over_tls(&server, &ca, ""), ServingStatus::Serving);
 }
 
 #[test]
