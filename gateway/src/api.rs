@@ -25,6 +25,7 @@ use vmplane_projections::{At, ObjectView, Projections, Snapshot};
 use vmplane_store::{EventLog, Position, Timestamp};
 
 use crate::auth::{Access, Authenticator, Principal};
+use crate::loads::StateLoads;
 use crate::pb;
 use crate::status;
 
@@ -42,6 +43,8 @@ pub struct Api {
     log: Arc<dyn EventLog>,
     projections: Arc<Projections>,
     commands: Arc<CommandHandler>,
+    /// Reads of states missing from the state cache, for applies (see [`crate::loads`]).
+    loads: Arc<StateLoads>,
     auth: Option<Arc<Authenticator>>,
     read_wait: Duration,
     wake: Option<vmplane_hypervisor::WakeHandle>,
@@ -63,6 +66,7 @@ impl Api {
         Api {
             log,
             projections,
+            loads: StateLoads::new(Arc::clone(&commands)),
             commands,
             auth,
             read_wait: Duration::from_secs(10),
@@ -584,10 +588,10 @@ impl pb::objects_server::Objects for Api {
             match commands.execute_async(&meta, taken).await {
                 Ok(AsyncExecuted::Uncached(back)) if !loaded => {
                     loaded = true;
-                    let (stream, kind, loader) = (back.stream(), back.kind(), commands.clone());
+                    let (stream, kind) = (back.stream(), back.kind());
                     command = Some(back);
                     // A failed read is met again, and reported, on the blocking path.
-                    if blocking(move || Ok(loader.load(&stream, kind).is_ok())).await? {
+                    if self.loads.load(stream, kind).await? {
                         continue;
                     }
                     break;

@@ -23,6 +23,7 @@ pub mod control;
 pub mod dr;
 pub mod input;
 pub mod leader;
+pub mod loads;
 pub mod metrics;
 pub mod print;
 pub mod sagas;

@@ -1,5 +1,6 @@
 //! End-to-end tests of the real `vmplane` binary. One module per area.
 
+mod cold_updates;
 mod crash_restart;
 mod dr;
 mod errors;
