@@ -152,9 +152,9 @@ fn appends_survive_one_member_fail_clearly_without_quorum_and_resume() {
     let writers = start_writers(&log, 4, &stop, &record);
     // A watch subscription follows the log through every fault below. It reads until it has
     // reached the head the log reports once every writer is done (`reach`), or until it has
-    // made no progress for 30 s: a subscription that stalls fails the comparison below. (Ending
-    // on a quiet spell instead raced the writers' last appends, which may each take up to the
-    // queue deadline plus a request timeout.)
+    // made no progress for 30 s: a subscription that stalls fails the comparison below. (It
+    // used to end after 2 s of quiet once the writers were told to stop, which races their
+    // last appends: each may take up to the queue deadline plus a request timeout.)
     let reach = Arc::new(AtomicU64::new(0));
     let watched = {
         let (log, reach) = (Arc::clone(&log), Arc::clone(&reach));
