@@ -279,8 +279,13 @@ fn appends_survive_one_member_fail_clearly_without_quorum_and_resume() {
         "the last append was acknowledged {} ms after the writers were told to stop",
         last_ack.map_or(0, |at| at.saturating_duration_since(stopped).as_millis())
     );
+    let head_read = Instant::now();
     reach.store(head.max(1), Ordering::Release);
     let watched = watched.join().expect("subscriber");
+    println!(
+        "the subscription ended {} ms after the head was read",
+        head_read.elapsed().as_millis()
+    );
     // An append given up on at the very end may still land after `head` was read: the
     // subscription may deliver past it, never short of it.
     let delivered = watched.len() as u64;
