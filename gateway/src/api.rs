@@ -44,7 +44,7 @@ pub struct Api {
     projections: Arc<Projections>,
     commands: Arc<CommandHandler>,
     /// Reads of states missing from the state cache, for applies (see [`crate::loads`]).
-    loads: Arc<StateLoads>,
+    loads: StateLoads,
     auth: Option<Arc<Authenticator>>,
     read_wait: Duration,
     wake: Option<vmplane_hypervisor::WakeHandle>,

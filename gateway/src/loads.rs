@@ -1,44 +1,55 @@
 //! Reads of stream states that the command path found missing from the state cache, taken off
-//! the runtime's worker in batches.
+//! the runtime's worker by a few threads of their own.
 //!
 //! An apply to an object whose state is not in memory (a GitOps tool re-applying everything it
 //! holds) needs the stream read back from the log and folded before it is decided. That read
 //! blocks, so it cannot run on the runtime's worker. Handing each one to `spawn_blocking` cost
-//! a thread wake-up per apply, and as many parked threads as applies in flight, each woken once
-//! and put to sleep again. Here the reads wait in one queue, and a few blocking tasks (drainers:
-//! one per processor, at least 2) take them in turn. A drainer is started only when fewer are
-//! running, and it ends when it finds the queue empty, so a busy server starts a drainer per
-//! batch of reads, not per read.
+//! the worker a thread wake-up per apply, and the woken thread, at the same priority, often
+//! took the worker's processor from it on the spot (the kernel's wake-up preemption), in the
+//! middle of its pass over the connections.
+//!
+//! Here the reads wait in one queue taken by a few reader threads (one per processor, from 2 to
+//! 8), woken only when one of them is idle, and running under `SCHED_BATCH`: the same share of
+//! the processor as any thread, but a reader that is woken waits for the worker's time slice
+//! to end instead of preempting it.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 use tonic::Status;
 use vmplane_core::types::Kind;
 use vmplane_projections::command::CommandHandler;
 
-/// Blocking tasks reading states at once: one per processor, from 2 to 8. Each read is mostly a
-/// fold of events served from the page cache, processor work; more drainers than processors
-/// only add thread switches (on this project's 2-processor machine, 4 drainers gave 0.86× the
-/// updates/s of 2), while 2 still overlap a read waiting on the disk with another.
-fn drainers_max() -> usize {
+/// Reader threads: one per processor, from 2 to 8. Each read is mostly a fold of events served
+/// from the page cache, processor work: more readers than processors only add thread switches
+/// (on this project's 2-processor machine, 4 readers gave 0.86× the updates/s of 2), while 2
+/// still overlap a read waiting on the disk with another.
+fn readers_wanted() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
 }
 
-/// The queue of state reads and its drainers (see the module's documentation).
+/// The queue of state reads and its reader threads (see the module's documentation). Dropping
+/// it ends the readers once they have answered the reads queued.
 pub struct StateLoads {
+    shared: Arc<Shared>,
+    readers: usize,
+}
+
+struct Shared {
     commands: Arc<CommandHandler>,
-    drainers_max: usize,
     queue: Mutex<Queue>,
+    /// Rung when a read is queued while a reader is idle, and when the queue closes.
+    ready: Condvar,
 }
 
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Load>,
-    /// Drainers started and not yet ended.
-    drainers: usize,
+    /// Readers waiting for a read.
+    idle: usize,
+    closed: bool,
 }
 
 struct Load {
@@ -49,56 +60,91 @@ struct Load {
 }
 
 impl StateLoads {
-    /// Reads through `commands` (into its state cache).
-    pub fn new(commands: Arc<CommandHandler>) -> Arc<StateLoads> {
-        Arc::new(StateLoads {
+    /// Reads through `commands` (into its state cache), on threads started here. Should no
+    /// thread start, every read answers "not read" at once, and the caller takes its blocking
+    /// path.
+    pub fn new(commands: Arc<CommandHandler>) -> StateLoads {
+        let shared = Arc::new(Shared {
             commands,
-            drainers_max: drainers_max(),
             queue: Mutex::new(Queue::default()),
-        })
+            ready: Condvar::new(),
+        });
+        let mut readers = 0;
+        for _ in 0..readers_wanted() {
+            let reader = Arc::clone(&shared);
+            let started = std::thread::Builder::new()
+                .name("state-reader".into())
+                .spawn(move || reader.serve());
+            match started {
+                Ok(_) => readers += 1,
+                Err(e) => tracing::warn!(error = %e, "could not start a state reader thread"),
+            }
+        }
+        StateLoads { shared, readers }
     }
 
     /// Reads the state of `stream` (of `kind`) into the state cache; `Ok(false)` when the read
     /// failed (the caller meets that failure again, and reports it, on its blocking path).
-    pub async fn load(self: &Arc<Self>, stream: String, kind: Kind) -> Result<bool, Status> {
+    pub async fn load(&self, stream: String, kind: Kind) -> Result<bool, Status> {
+        if self.readers == 0 {
+            return Ok(false);
+        }
         let (done, answer) = oneshot::channel();
-        let start_drainer = {
-            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        {
+            let mut queue = self.shared.lock();
             queue.waiting.push_back(Load { stream, kind, done });
-            let start = queue.drainers < self.drainers_max;
-            if start {
-                queue.drainers += 1;
+            // Every reader busy: the first to finish takes this one, no wake-up needed.
+            if queue.idle > 0 {
+                self.shared.ready.notify_one();
             }
-            start
-        };
-        if start_drainer {
-            let task = DrainerTask(Some(Arc::clone(self)));
-            // Its handle is not awaited: the answer comes through `done`.
-            drop(tokio::task::spawn_blocking(move || task.run()));
         }
         answer
             .await
-            .map_err(|_| Status::internal("reading the object's state failed (worker stopped)"))
+            .map_err(|_| Status::internal("reading the object's state failed (reader stopped)"))
     }
 
-    /// Takes reads from the queue until it is empty, then ends.
-    fn drain(&self) {
+    /// Readers waiting for a read now.
+    #[cfg(test)]
+    fn idle(&self) -> usize {
+        self.shared.lock().idle
+    }
+}
+
+impl Drop for StateLoads {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.ready.notify_all();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A reader's loop: takes reads until the queue is closed and empty.
+    fn serve(&self) {
+        yield_on_wake_up();
         loop {
             let load = {
-                let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                match queue.waiting.pop_front() {
-                    Some(load) => load,
-                    None => {
-                        // Counted out under the lock that `load` counts in under: a read
-                        // queued after this finds one drainer fewer and starts one.
-                        queue.drainers -= 1;
+                let mut queue = self.lock();
+                loop {
+                    if let Some(load) = queue.waiting.pop_front() {
+                        break load;
+                    }
+                    if queue.closed {
                         return;
                     }
+                    queue.idle += 1;
+                    queue = self
+                        .ready
+                        .wait(queue)
+                        .unwrap_or_else(PoisonError::into_inner);
+                    queue.idle -= 1;
                 }
             };
             // A read that panics answers "not read" (the caller's blocking path meets it
-            // again) and the drainer goes on: one that ended here would leave the reads
-            // queued behind it waiting for the next read to start a drainer.
+            // again) and the reader goes on.
             let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 self.commands.load(&load.stream, load.kind).is_ok()
             }))
@@ -107,43 +153,23 @@ impl StateLoads {
             let _ = load.done.send(read);
         }
     }
-
-    /// Drainers running now.
-    #[cfg(test)]
-    fn drainers(&self) -> usize {
-        self.queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drainers
-    }
 }
 
-/// A drainer handed to the blocking pool.
-struct DrainerTask(Option<Arc<StateLoads>>);
-
-impl DrainerTask {
-    fn run(mut self) {
-        if let Some(loads) = self.0.take() {
-            loads.drain();
-        }
-    }
-}
-
-impl Drop for DrainerTask {
-    /// Dropped without running: the runtime is shutting down. Counts the drainer out and
-    /// drops the queued reads, whose callers are answered that the read failed.
-    fn drop(&mut self) {
-        if let Some(loads) = self.0.take() {
-            let mut queue = loads.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            queue.drainers -= 1;
-            queue.waiting.clear();
-        }
+/// Puts this thread under `SCHED_BATCH`: when it is woken it does not preempt the thread that
+/// woke it (the runtime's worker, which queued the read). Its share of the processor is
+/// unchanged. Where that fails, or off Linux, the thread runs as any other.
+fn yield_on_wake_up() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `param` lives across the call, which only reads it; pid 0 is this thread.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use vmplane_core::types::parse_manifest;
     use vmplane_projections::command::{Command, CommandMeta};
@@ -158,8 +184,30 @@ mod tests {
         vmplane_projections::model::stream_of(Kind::VirtualMachine, "load", &format!("vm-{i}"))
     }
 
+    /// Threads of this process named `name`, with their scheduling policy.
+    fn policies(name: &str) -> Vec<i64> {
+        let mut found = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task")
+            .expect("tasks")
+            .flatten()
+        {
+            let dir = task.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if comm.trim() != name {
+                continue;
+            }
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            // The fields after the command's closing parenthesis; `policy` is field 41.
+            let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            if let Some(policy) = rest.split_whitespace().nth(38) {
+                found.push(policy.parse().expect("policy"));
+            }
+        }
+        found
+    }
+
     #[test]
-    fn many_reads_at_once_take_at_most_the_bound_of_drainers_and_each_lands_in_the_cache() {
+    fn many_reads_at_once_are_all_answered_by_the_readers_and_land_in_the_cache() {
         let dir = tempfile::tempdir().expect("tempdir");
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("log")).expect("log"));
         {
@@ -194,23 +242,24 @@ mod tests {
             cache.clone(),
             CommandOptions::default(),
         ));
-        let loads = StateLoads::new(commands);
+        let loads = Arc::new(StateLoads::new(commands));
+        assert_eq!(loads.readers, readers_wanted());
+        // The readers wait, idle, under SCHED_BATCH (3 on Linux).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while loads.idle() < loads.readers {
+            assert!(Instant::now() < deadline, "the readers start and wait");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            policies("state-reader"),
+            vec![i64::from(libc::SCHED_BATCH); loads.readers]
+        );
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("runtime");
-        let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let read = runtime.block_on(async {
-            let watcher = {
-                let (loads, peak) = (Arc::clone(&loads), Arc::clone(&peak));
-                tokio::spawn(async move {
-                    loop {
-                        peak.fetch_max(loads.drainers(), std::sync::atomic::Ordering::Relaxed);
-                        tokio::task::yield_now().await;
-                    }
-                })
-            };
             let reads: Vec<_> = (0..VMS)
                 .map(|i| {
                     let loads = Arc::clone(&loads);
@@ -225,7 +274,6 @@ mod tests {
                     .expect("task");
                 read.push(answer.expect("answer"));
             }
-            watcher.abort();
             read
         });
         assert!(read.iter().all(|r| *r), "every state was read");
@@ -235,16 +283,12 @@ mod tests {
                 "vm-{i}'s state is in the cache"
             );
         }
-        let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
-        assert!(
-            (1..=loads.drainers_max).contains(&peak),
-            "{peak} drainers at once, at most {}",
-            loads.drainers_max
-        );
-        assert_eq!(
-            loads.drainers(),
-            0,
-            "every drainer ended with the queue empty"
-        );
+        // Dropped, the readers end.
+        drop(loads);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !policies("state-reader").is_empty() {
+            assert!(Instant::now() < deadline, "the readers end once dropped");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
