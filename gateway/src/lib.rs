@@ -13,7 +13,7 @@
 //! - [`pb`]: the generated protobuf types.
 //!
 //! **Must never** hold a domain rule (they live in `core`), or block a tokio worker on storage
-//! or libvirt calls (they go through `spawn_blocking`).
+//! or libvirt calls (they go through `spawn_blocking`, or [`loads`]' reader threads).
 
 pub mod api;
 pub mod auth;
