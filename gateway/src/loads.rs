@@ -24,8 +24,8 @@ use vmplane_projections::command::CommandHandler;
 
 /// Reader threads: one per processor, from 2 to 8. Each read is mostly a fold of events served
 /// from the page cache, processor work: more readers than processors only add thread switches
-/// (on this project's 2-processor machine, 4 readers gave 0.86× the updates/s of 2), while 2
-/// still overlap a read waiting on the disk with another.
+/// (on this project's 2-processor machine, with the blocking tasks this queue first had, 4 gave
+/// 0.86× the updates/s of 2), while 2 still overlap a read waiting on the disk with another.
 fn readers_wanted() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
 }
