@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use tonic::Status;
 use vmplane_core::types::Kind;
 use vmplane_projections::command::CommandHandler;
+use vmplane_store::threads::{Policy, run_this_thread_under};
 
 /// Reader threads: one per processor, from 2 to 8. Each read is mostly a fold of events served
 /// from the page cache, processor work: more readers than processors only add thread switches
@@ -124,7 +125,8 @@ impl Shared {
 
     /// A reader's loop: takes reads until the queue is closed and empty.
     fn serve(&self) {
-        yield_on_wake_up();
+        // Woken by the runtime's worker: it must not take the worker's processor.
+        run_this_thread_under(Policy::Batch);
         loop {
             let load = {
                 let mut queue = self.lock();
@@ -155,18 +157,6 @@ impl Shared {
     }
 }
 
-/// Puts this thread under `SCHED_BATCH`: when it is woken it does not preempt the thread that
-/// woke it (the runtime's worker, which queued the read). Its share of the processor is
-/// unchanged. Where that fails, or off Linux, the thread runs as any other.
-fn yield_on_wake_up() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: `param` lives across the call, which only reads it; pid 0 is this thread.
-    unsafe {
-        let param = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
@@ -174,6 +164,7 @@ mod tests {
     use vmplane_core::types::parse_manifest;
     use vmplane_projections::command::{Command, CommandMeta};
     use vmplane_projections::{CommandOptions, Projections};
+    use vmplane_store::threads::policies_of_threads_named;
     use vmplane_store::{EventLog, SledLog};
 
     use super::*;
@@ -182,28 +173,6 @@ mod tests {
 
     fn stream(i: usize) -> String {
         vmplane_projections::model::stream_of(Kind::VirtualMachine, "load", &format!("vm-{i}"))
-    }
-
-    /// Threads of this process named `name`, with their scheduling policy.
-    fn policies(name: &str) -> Vec<i64> {
-        let mut found = Vec::new();
-        for task in std::fs::read_dir("/proc/self/task")
-            .expect("tasks")
-            .flatten()
-        {
-            let dir = task.path();
-            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-            if comm.trim() != name {
-                continue;
-            }
-            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-            // The fields after the command's closing parenthesis; `policy` is field 41.
-            let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-            if let Some(policy) = rest.split_whitespace().nth(38) {
-                found.push(policy.parse().expect("policy"));
-            }
-        }
-        found
     }
 
     #[test]
@@ -251,8 +220,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(
-            policies("state-reader"),
-            vec![i64::from(libc::SCHED_BATCH); loads.readers]
+            policies_of_threads_named("state-reader"),
+            vec![Policy::Batch.linux_number(); loads.readers]
         );
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -286,7 +255,7 @@ mod tests {
         // Dropped, the readers end.
         drop(loads);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !policies("state-reader").is_empty() {
+        while !policies_of_threads_named("state-reader").is_empty() {
             assert!(Instant::now() < deadline, "the readers end once dropped");
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use vmplane_core::features::Features;
 use vmplane_core::selector::LabelSelector;
 use vmplane_core::types::Kind;
+use vmplane_store::threads::{Policy, run_this_thread_under};
 use vmplane_store::{EventLog, Position, Timestamp};
 
 use crate::cache::{CacheOptions, Evicted, StateCache};
@@ -227,20 +228,6 @@ fn write_snapshot(
     )
 }
 
-/// Puts the calling thread at the lowest processor priority: Linux's `SCHED_IDLE` (on Linux
-/// a thread's policy is its own). It runs when a processor has nothing else to run, and any
-/// other thread that wakes takes the processor from it at once (a thread at nice 19 keeps it
-/// until its time slice ends: milliseconds that every request in flight waited). Best
-/// effort: a failure leaves it where it was.
-fn lower_this_threads_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: `param` lives across the call, which only reads it.
-    unsafe {
-        let param = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
-    }
-}
-
 impl std::fmt::Debug for Projections {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Projections")
@@ -425,7 +412,7 @@ impl Projections {
     /// takes the position, its hash and a clone of the entries (which shares their chunks:
     /// one reference count per 4,096 streams); serializing, hashing, writing (in paced pieces,
     /// see [`checkpoint::Pacing::BACKGROUND`]) and syncing run on a thread of its own at the
-    /// lowest processor priority ([`lower_this_threads_priority`]). Done by the follower, as
+    /// lowest processor priority ([`Policy::Idle`]). Done by the follower, as
     /// it was, serializing 100,000 streams took a processor for ~0.3 s that the threads
     /// answering requests had to share, and writing its ~30 MB at once held every commit's
     /// `fdatasync` up to 15 ms: on 2 cores, creates' p99 was ~1.2 ms higher in runs that held
@@ -445,7 +432,7 @@ impl Projections {
         let spawned = std::thread::Builder::new()
             .name("projections-checkpoint".into())
             .spawn(move || {
-                lower_this_threads_priority();
+                run_this_thread_under(Policy::Idle);
                 let paced = Some(checkpoint::Pacing::BACKGROUND);
                 if let Err(error) = write_snapshot(&path, &snapshot, paced) {
                     tracing::error!(%error, position, "could not write the read model's checkpoint");
@@ -550,7 +537,7 @@ impl Projections {
     /// of the processor time per create went to the follower's wake-ups and passes.
     ///
     /// Two threads. `projections-gate`, at the lowest processor priority
-    /// ([`lower_this_threads_priority`]), waits for new events and the interval, then tells
+    /// ([`Policy::Idle`]), waits for new events and the interval, then tells
     /// `projections-follower` (at the usual priority) to catch up. So a pass starts when a
     /// processor has nothing else to run, instead of taking one from a thread answering
     /// requests when its timer fires. The follower also takes the states the command path
@@ -601,7 +588,7 @@ impl Projections {
         ask: &SyncSender<()>,
         freed: &Receiver<Evicted>,
     ) {
-        lower_this_threads_priority();
+        run_this_thread_under(Policy::Idle);
         while !stop.load(Ordering::Relaxed) {
             let started = Instant::now();
             let next = self.position().next();
@@ -1297,24 +1284,6 @@ fn load_checkpoint(
 /// The value of label `key` of a rendered object (`metadata.labels`), if it has one.
 fn label_of<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
     object.get("metadata")?.get("labels")?.get(key)?.as_str()
-}
-
-#[cfg(all(test, target_os = "linux"))]
-mod priority_tests {
-    #[test]
-    fn the_checkpoint_thread_lowers_its_own_priority_and_no_one_elses() {
-        // SAFETY: `sched_getscheduler` takes a plain integer (0: the calling thread).
-        let policy = || unsafe { libc::sched_getscheduler(0) };
-        let before = policy();
-        let lowered = std::thread::spawn(move || {
-            super::lower_this_threads_priority();
-            policy()
-        })
-        .join()
-        .expect("the thread");
-        assert_eq!(lowered, libc::SCHED_IDLE);
-        assert_eq!(policy(), before, "the calling thread's policy changed");
-    }
 }
 
 #[cfg(test)]

@@ -76,6 +76,7 @@ pub mod log;
 pub mod shards;
 pub mod sled_log;
 pub mod submit;
+pub mod threads;
 pub mod types;
 
 #[cfg(feature = "contract")]

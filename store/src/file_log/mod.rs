@@ -501,7 +501,12 @@ impl FileLog {
             let inner = Arc::clone(&inner);
             std::thread::Builder::new()
                 .name("log committer".into())
-                .spawn(move || inner.run_committer())
+                .spawn(move || {
+                    // Woken by every append that finds it idle: it must not take the
+                    // processor from the runtime worker that queued the append.
+                    crate::threads::run_this_thread_under(crate::threads::Policy::Batch);
+                    inner.run_committer();
+                })
                 .map_err(io("starting the log's committer thread"))?
         };
         Ok(FileLog {
