@@ -15,6 +15,7 @@ use vmplane_projections::{
     At, AuditQuery, Command, CommandError, CommandHandler, CommandOptions, Error,
     ProjectionOptions, Projections, WatchFilter, checkpoint,
 };
+use vmplane_store::threads::{Policy, policies_of_threads_named};
 use vmplane_store::{EventLog, Position, Timestamp};
 
 // ---------------------------------------------------------------------------------------------
@@ -538,26 +539,6 @@ fn list_then_watch_misses_nothing_and_repeats_nothing_under_concurrent_writers()
     assert_eq!(names, now_names);
 }
 
-/// The policy of each of this process's threads whose name starts with `prefix` (Linux keeps
-/// 15 bytes of a thread's name).
-fn thread_policies(prefix: &str) -> Vec<i32> {
-    let mut policies = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task")
-        .expect("tasks")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        let Ok(tid) = task.file_name().to_string_lossy().parse::<libc::pid_t>() else {
-            continue;
-        };
-        if comm.trim_end().starts_with(prefix) {
-            // SAFETY: `sched_getscheduler` takes a plain integer (a thread of this process).
-            policies.push(unsafe { libc::sched_getscheduler(tid) });
-        }
-    }
-    policies
-}
-
 #[test]
 fn the_follower_catches_up_unasked_and_only_its_gate_runs_at_idle_priority() {
     let env = env();
@@ -580,13 +561,16 @@ fn the_follower_catches_up_unasked_and_only_its_gate_runs_at_idle_priority() {
     }
     assert_eq!(projections.position(), head, "the follower caught up");
     // Other tests may follow too: every gate is idle, every follower is not.
-    let gates = thread_policies("projections-gat");
-    let followers = thread_policies("projections-fol");
+    let gates = policies_of_threads_named("projections-gate");
+    let followers = policies_of_threads_named("projections-follower");
     assert!(
         !gates.is_empty() && !followers.is_empty(),
         "{gates:?} {followers:?}"
     );
-    assert!(gates.iter().all(|p| *p == libc::SCHED_IDLE), "{gates:?}");
+    assert!(
+        gates.iter().all(|p| *p == Policy::Idle.linux_number()),
+        "{gates:?}"
+    );
     assert!(
         followers.iter().all(|p| *p == libc::SCHED_OTHER),
         "{followers:?}"

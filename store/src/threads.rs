@@ -59,9 +59,13 @@ pub fn run_this_thread_under(policy: Policy) {
 }
 
 /// The scheduling policies (Linux's numbers) of this process's threads named `name`, read from
-/// `/proc/self/task`: for tests and diagnostics. Empty off Linux or when none has that name.
+/// `/proc/self/task`: for tests and diagnostics. Linux keeps the first 15 bytes of a thread's
+/// name, so a longer `name` is compared by those (`projections-gate` as `projections-gat`).
+/// Empty off Linux or when none has that name.
 #[must_use]
 pub fn policies_of_threads_named(name: &str) -> Vec<i32> {
+    const KEPT: usize = 15;
+    let name = &name.as_bytes()[..name.len().min(KEPT)];
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return Vec::new();
     };
@@ -69,7 +73,7 @@ pub fn policies_of_threads_named(name: &str) -> Vec<i32> {
     for task in tasks.flatten() {
         let dir = task.path();
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.trim_end_matches('\n') != name {
+        if comm.trim_end_matches('\n').as_bytes() != name {
             continue;
         }
         let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
@@ -92,7 +96,8 @@ mod tests {
             // SAFETY: `sched_getscheduler` takes a plain integer (0: the calling thread).
             let current = || unsafe { libc::sched_getscheduler(0) };
             let before = current();
-            let name = format!("policy-{policy:?}");
+            // Longer than the 15 bytes Linux keeps of a thread's name.
+            let name = format!("vmplane-policy-{policy:?}");
             let (seen, listed) = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || {
