@@ -4,10 +4,12 @@
 //! On a machine with as few processors as threads that are busy at once, the kernel's wake-up
 //! preemption decides latency: a thread that is woken at the same priority as the one running
 //! often takes its processor on the spot, in the middle of whatever it was doing. The threads
-//! that vmplane wakes for every request (the file log's committer, the gateway's state readers)
-//! run under [`Policy::Batch`]: the same share of the processor as any thread, but woken, they wait
-//! for the running thread's time slice to end. Threads whose work can always wait (the
-//! projections' checkpoint writer and catch-up gate) run under [`Policy::Idle`].
+//! that vmplane wakes for every request (the file log's committer, the gateway's state readers
+//! and its blocking threads) run under [`Policy::Batch`]: the same share of the processor as
+//! any thread, but woken, they wait for the running thread's time slice to end. Threads whose
+//! work can always wait (the projections' checkpoint writer and catch-up gate) run under
+//! [`Policy::Idle`]. The threads every request waits for (the runtime's workers, the
+//! projections' follower) keep the usual policy.
 //!
 //! A thread's policy is its own on Linux: setting it never changes another thread's.
 
@@ -58,6 +60,35 @@ pub fn run_this_thread_under(policy: Policy) {
     let _ = policy;
 }
 
+/// [`run_this_thread_under`] for a thread of a pool that runs other work too (tokio's blocking
+/// threads): the first call on a thread sets `policy`, later calls cost a thread-local read
+/// unless they ask for another one.
+pub fn keep_this_thread_under(policy: Policy) {
+    thread_local! {
+        static SET: std::cell::Cell<Option<Policy>> = const { std::cell::Cell::new(None) };
+    }
+    SET.with(|set| {
+        if set.get() != Some(policy) {
+            run_this_thread_under(policy);
+            set.set(Some(policy));
+        }
+    });
+}
+
+/// The calling thread's scheduling policy (Linux's number), or `None` where it cannot be read
+/// (off Linux): for tests and diagnostics.
+#[must_use]
+pub fn policy_of_this_thread() -> Option<i32> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `sched_getscheduler` takes a plain integer (0: the calling thread).
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        (policy >= 0).then_some(policy)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
 /// The scheduling policies (Linux's numbers) of this process's threads named `name`, read from
 /// `/proc/self/task`: for tests and diagnostics. Linux keeps the first 15 bytes of a thread's
 /// name, so a longer `name` is compared by those (`projections-gate` as `projections-gat`).
@@ -93,8 +124,7 @@ mod tests {
     #[test]
     fn a_thread_changes_its_own_policy_and_no_one_elses() {
         for policy in [Policy::Batch, Policy::Idle] {
-            // SAFETY: `sched_getscheduler` takes a plain integer (0: the calling thread).
-            let current = || unsafe { libc::sched_getscheduler(0) };
+            let current = || policy_of_this_thread().expect("readable on Linux");
             let before = current();
             // Longer than the 15 bytes Linux keeps of a thread's name.
             let name = format!("vmplane-policy-{policy:?}");
@@ -111,5 +141,17 @@ mod tests {
             assert_eq!(listed, vec![policy.linux_number()], "read from /proc");
             assert_eq!(current(), before, "the calling thread's policy changed");
         }
+    }
+
+    #[test]
+    fn a_pooled_thread_is_put_under_a_policy_once_and_again_when_asked_for_another() {
+        std::thread::spawn(|| {
+            for policy in [Policy::Batch, Policy::Batch, Policy::Idle, Policy::Batch] {
+                keep_this_thread_under(policy);
+                assert_eq!(policy_of_this_thread(), Some(policy.linux_number()));
+            }
+        })
+        .join()
+        .expect("the thread");
     }
 }
