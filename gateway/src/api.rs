@@ -242,9 +242,9 @@ fn namespace_or_default(ns: &str) -> String {
 /// Runs blocking storage/projection work off the runtime's workers, on tokio's blocking
 /// threads, each under `SCHED_BATCH` from its first such task on (`vmplane_store::threads`):
 /// woken for a task, it waits for the worker's time slice to end instead of preempting the
-/// worker that handed it over. On 2 processors, dry-run creates at 64 clients: 1.31× the rate,
-/// p99 0.74×, 0.78× the processor time each (8 alternated pairs; PERFORMANCE.md, round
-/// "sixteenth").
+/// worker that handed it over. On 2 processors at 64 clients, 8 alternated pairs each: dry-run
+/// creates 1.31× the rate, p99 0.74×; `Get`s 1.30×, p99 0.72× (PERFORMANCE.md, round
+/// "sixteenth"). A refusal (see `threads::run_this_thread_under`) is not asked again.
 async fn blocking<R: Send + 'static>(
     f: impl FnOnce() -> Result<R, Status> + Send + 'static,
 ) -> Result<R, Status> {
