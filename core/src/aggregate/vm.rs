@@ -814,18 +814,13 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
     let mut em = Emitter::new(state.clone(), evolve);
     let stream = streams::vm(&namespace, &name);
     if live {
-        let before = state
-            .vm
-            .as_deref()
-            .map(serde_json::to_value)
-            .and_then(Result::ok);
-        let after = serde_json::to_value(&vm).ok();
-        if before == after && !it_new && !pref_new {
+        let spec_changed = spec_changed(state.vm.as_deref(), &vm);
+        if !spec_changed && !it_new && !pref_new {
             return Ok(Decision::unchanged());
         }
         let json = to_json(&vm);
         let fw = vm.firmware().cloned().unwrap_or_default();
-        if before != after {
+        if spec_changed {
             em.emit_evolved(
                 Event::VmSpecEdited(VmSpecEdited {
                     manifest_json: json,
@@ -922,6 +917,18 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
     } else {
         Outcome::Created
     }))
+}
+
+/// Whether `after` changes the stored VM `before`: whether their JSON values differ (a key
+/// written in another order is no change). Equal typed objects serialize to equal values, so
+/// a re-applied manifest, what GitOps automation sends most, is told without a JSON tree;
+/// anything else is compared as JSON values.
+fn spec_changed(before: Option<&VirtualMachine>, after: &VirtualMachine) -> bool {
+    if before == Some(after) {
+        return false;
+    }
+    let before = before.map(serde_json::to_value).and_then(Result::ok);
+    before != serde_json::to_value(after).ok()
 }
 
 fn revision_captured(
@@ -1189,4 +1196,62 @@ fn stale_final(vmi: &VmiRun) -> Rejection {
             vmi.phase.as_str()
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spec_changed;
+    use crate::types::{Manifest, VirtualMachine, parse_manifest};
+
+    fn vm(manifest: &str) -> VirtualMachine {
+        match parse_manifest(manifest.as_bytes()) {
+            Ok(Manifest::VirtualMachine(vm)) => *vm,
+            other => panic!("not a VM: {other:?}"),
+        }
+    }
+
+    const DEMO: &str = r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine",
+        "metadata":{"name":"demo","labels":{"a":"1","b":"2"}},
+        "spec":{"runStrategy":"Halted","template":{"spec":{"domain":{"memory":{"guest":"64Mi"}},
+        "x-unknown":{"p":1,"q":2}}}}}"#;
+
+    #[test]
+    fn the_same_manifest_again_is_no_change() {
+        assert!(!spec_changed(Some(&vm(DEMO)), &vm(DEMO)));
+    }
+
+    #[test]
+    fn keys_written_in_another_order_are_no_change() {
+        let reordered = DEMO
+            .replace(r#""a":"1","b":"2""#, r#""b":"2","a":"1""#)
+            .replace(r#""p":1,"q":2"#, r#""q":2,"p":1"#);
+        assert_ne!(reordered, DEMO);
+        assert!(!spec_changed(Some(&vm(DEMO)), &vm(&reordered)));
+    }
+
+    #[test]
+    fn an_edit_is_a_change_and_so_is_a_first_object() {
+        let bigger = DEMO.replace("64Mi", "128Mi");
+        assert!(spec_changed(Some(&vm(DEMO)), &vm(&bigger)));
+        assert!(spec_changed(None, &vm(DEMO)));
+    }
+
+    #[test]
+    fn objects_that_differ_as_types_but_not_as_json_are_no_change() {
+        // A field held in the map of other fields instead of its typed slot: another value of
+        // the type, the same JSON. Told by the JSON comparison, not the typed one.
+        let typed = vm(DEMO);
+        let mut moved = typed.clone();
+        let name = moved.metadata.name.take().expect("a name");
+        moved
+            .metadata
+            .extra
+            .insert("name".into(), serde_json::Value::String(name));
+        assert_ne!(typed, moved);
+        assert_eq!(
+            serde_json::to_value(&typed).ok(),
+            serde_json::to_value(&moved).ok()
+        );
+        assert!(!spec_changed(Some(&typed), &moved));
+    }
 }
