@@ -21,7 +21,8 @@
 //! (one client thread): on 2 cores, every thread the clients take is taken from the server.
 //!
 //! Prints, per concurrency, a row for each kind of request: creates, creates answered in the
-//! basic view (the object's identity and versions without its text), updates, dry-run creates
+//! basic view (the object's identity and versions without its text), updates, the updates'
+//! manifests applied again (answered `unchanged`, nothing appended), dry-run creates
 //! (parse, decide and render without the log's commit), reads (`Get` of a VM the create phase
 //! made, its JSON text from the projections) and the gRPC floor (the standard
 //! health service's `Check` from the same clients against the same server: its transport and
@@ -60,7 +61,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const USAGE: &str = "\
 Load generator for the gRPC gateway: VM creates (answered with the whole object, then in the
-basic view), updates, dry-run creates, reads (`Get`) and health checks
+basic view), updates, the same manifests again (unchanged), dry-run creates, reads (`Get`)
+and health checks
 against a real server in this process, beside the log's own append throughput. The clients
 share 4 HTTP/2 connections, which write as the server's do (no vectored writes: the frames
 ready together leave in one write).
@@ -253,6 +255,10 @@ enum Load {
     CreateBasic,
     /// `Apply` of an edit to a VM the create phase made, in the same order.
     Update,
+    /// `Apply` of the manifest the update phase applied, again, to one of the first 64 VMs this
+    /// client's update phase edited (round robin): answered `unchanged`, nothing appended —
+    /// what GitOps automation sends most (the repository's manifests applied on a schedule).
+    Reapply,
     /// `Apply --dry-run` of a new VM: parse, validate, decide (the uniqueness claims checked)
     /// and render, nothing appended — a create without the log's commit.
     DryRun,
@@ -360,7 +366,16 @@ async fn drive(
                     (Load::CreateBasic, _) => format!("basic-r{round}-c{c}-{i}"),
                     _ => format!("vm-r{round}-c{c}-{i}"),
                 };
-                let memory_mi = if load == Load::Update { 256 } else { 128 };
+                let name = if load == Load::Reapply {
+                    format!("vm-r{round}-c{c}-{}", i % GETS_PER_CLIENT)
+                } else {
+                    name
+                };
+                let memory_mi = if matches!(load, Load::Update | Load::Reapply) {
+                    256
+                } else {
+                    128
+                };
                 let t = match &mut due_times {
                     Some(due_times) => match due_times.recv().await {
                         Some(due) => due,
@@ -384,8 +399,12 @@ async fn drive(
                         })
                         .await
                         .map(drop),
-                    Load::Create | Load::CreateBasic | Load::Update | Load::DryRun => client
-                        .apply(pb::ApplyRequest {
+                    Load::Create
+                    | Load::CreateBasic
+                    | Load::Update
+                    | Load::Reapply
+                    | Load::DryRun => {
+                        let request = pb::ApplyRequest {
                             manifest: manifest(&name, memory_mi),
                             namespace: "load".into(),
                             dry_run: load == Load::DryRun,
@@ -396,9 +415,22 @@ async fn drive(
                             }
                             .into(),
                             ..Default::default()
-                        })
-                        .await
-                        .map(drop),
+                        };
+                        match client.apply(request).await {
+                            // The phase measures what it says or nothing.
+                            Ok(answer)
+                                if load == Load::Reapply
+                                    && answer.get_ref().outcome != "unchanged" =>
+                            {
+                                eprintln!(
+                                    "re-apply of {name} answered {}, not unchanged",
+                                    answer.get_ref().outcome
+                                );
+                                break;
+                            }
+                            answer => answer.map(drop),
+                        }
+                    }
                 };
                 if let Err(status) = r {
                     eprintln!("request failed: {status}");
@@ -715,6 +747,7 @@ fn main() -> anyhow::Result<()> {
             let create = drive(&channels, clients, run, Load::Create, round, None).await?;
             let basic = drive(&channels, clients, run, Load::CreateBasic, round, None).await?;
             let update = drive(&channels, clients, run, Load::Update, round, None).await?;
+            let reapply = drive(&channels, clients, run, Load::Reapply, round, None).await?;
             let dry_run = drive(&channels, clients, run, Load::DryRun, round, None).await?;
             let get = drive(&channels, clients, run, Load::Get, round, None).await?;
             let floor = drive(&channels, clients, run, Load::HealthCheck, round, None).await?;
@@ -741,6 +774,7 @@ fn main() -> anyhow::Result<()> {
             row("Apply: create", &create);
             row("create, basic view", &basic);
             row("Apply: update", &update);
+            row("Apply: unchanged", &reapply);
             row("Apply: create, dry run", &dry_run);
             row("Get: vm", &get);
             row("health Check", &floor);

@@ -295,9 +295,10 @@ impl CommandHandler {
 
     /// [`CommandHandler::execute`], also returning the stream's state as the command left it
     /// (the appended events folded into the state they were decided on, and kept in the state cache
-    /// so the next command on the stream starts from it). `None` when nothing was appended by
-    /// this call (an unchanged object, an idempotent retry) or the events could not be read
-    /// back: the caller then reads the object at [`Executed::position`] instead.
+    /// so the next command on the stream starts from it; for an unchanged object, the state it
+    /// was decided on, at [`Executed::position`]). `None` for an idempotent retry, a stream
+    /// with no events, or events that could not be read back: the caller then reads the object
+    /// at [`Executed::position`] instead.
     pub fn execute_with_state(
         &self,
         meta: &CommandMeta,
@@ -318,7 +319,7 @@ impl CommandHandler {
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
             let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
             {
-                Attempt::Unchanged(done) => return Ok((done, None)),
+                Attempt::Unchanged(done) => return Ok((done, decided_on(&snapshot, revision))),
                 Attempt::Append(decision, after) => (decision, after),
             };
             let request = to_request(&stream, revision, &decision, meta, correlation_id);
@@ -387,7 +388,9 @@ impl CommandHandler {
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
             let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
             {
-                Attempt::Unchanged(done) => return Ok(AsyncExecuted::Done(done, None)),
+                Attempt::Unchanged(done) => {
+                    return Ok(AsyncExecuted::Done(done, decided_on(&snapshot, revision)));
+                }
                 Attempt::Append(decision, after) => (decision, after),
             };
             let request = to_request(&stream, revision, &decision, meta, correlation_id);
@@ -838,6 +841,13 @@ enum Attempt {
 }
 
 /// What `decision`, made on `snapshot` (the stream at `revision`), asks for.
+/// The state an unchanged decision was made on, handed back as the state the command left:
+/// nothing was appended, so it is the stream's state at the decision's [`Executed::position`].
+/// `None` for a stream with no events (nothing to answer with).
+fn decided_on(snapshot: &Arc<Snapshot>, revision: Option<u64>) -> Option<Arc<Snapshot>> {
+    revision.map(|_| Arc::clone(snapshot))
+}
+
 fn attempt(
     stream: &str,
     snapshot: &Snapshot,

@@ -238,14 +238,16 @@ fn writes_render_as_reads_at_their_positions(env: &common::Env, path: Path) -> u
             answer.object
         );
     }
-    // An unchanged apply appends nothing and hands back no state.
-    let (unchanged, none, _) = execute(
-        env,
-        path,
-        vm_cmd("vm-1", VmCommand::Apply(put(vm("team-a", "vm-1", "256Mi")))),
-    );
-    assert_eq!(unchanged.outcome, Outcome::Unchanged);
-    assert!(none.is_none());
+    // An unchanged apply appends nothing and hands back the state it was decided on (the
+    // stream's, as of its last write, before the config change above), which renders as a
+    // read at its position; not the answer of a read now.
+    let unchanged = || vm_cmd("vm-1", VmCommand::Apply(put(vm("team-a", "vm-1", "256Mi"))));
+    let (done, decided_on, _) = execute(env, path, unchanged());
+    assert_eq!(done.outcome, Outcome::Unchanged);
+    assert!(done.append.is_none());
+    let decided_on = decided_on.expect("an unchanged apply hands back the state it was decided on");
+    assert_eq!(decided_on.position, done.position);
+    write(Kind::VirtualMachine, "team-a", "vm-1", unchanged());
     // A real KubeVirt manifest, then a delete.
     write(
         Kind::VirtualMachine,
