@@ -840,7 +840,6 @@ enum Attempt {
     Append(Decision, Snapshot),
 }
 
-/// What `decision`, made on `snapshot` (the stream at `revision`), asks for.
 /// The state an unchanged decision was made on, handed back as the state the command left:
 /// nothing was appended, so it is the stream's state at the decision's [`Executed::position`].
 /// `None` for a stream with no events (nothing to answer with).
@@ -848,6 +847,7 @@ fn decided_on(snapshot: &Arc<Snapshot>, revision: Option<u64>) -> Option<Arc<Sna
     revision.map(|_| Arc::clone(snapshot))
 }
 
+/// What `decision`, made on `snapshot` (the stream at `revision`), asks for.
 fn attempt(
     stream: &str,
     snapshot: &Snapshot,
