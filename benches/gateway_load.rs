@@ -364,12 +364,8 @@ async fn drive(
                         .to_ascii_lowercase(),
                     (Load::DryRun, _) => format!("dry-r{round}-c{c}-{i}"),
                     (Load::CreateBasic, _) => format!("basic-r{round}-c{c}-{i}"),
+                    (Load::Reapply, _) => format!("vm-r{round}-c{c}-{}", i % GETS_PER_CLIENT),
                     _ => format!("vm-r{round}-c{c}-{i}"),
-                };
-                let name = if load == Load::Reapply {
-                    format!("vm-r{round}-c{c}-{}", i % GETS_PER_CLIENT)
-                } else {
-                    name
                 };
                 let memory_mi = if matches!(load, Load::Update | Load::Reapply) {
                     256
