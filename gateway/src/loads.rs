@@ -65,6 +65,12 @@ impl StateLoads {
     /// thread start, every read answers "not read" at once, and the caller takes its blocking
     /// path.
     pub fn new(commands: Arc<CommandHandler>) -> StateLoads {
+        StateLoads::with_threads_named(commands, "state-reader")
+    }
+
+    /// As `new`, the reader threads under `name` (a test tells its own readers from those of
+    /// any other `Api` in the process by it).
+    fn with_threads_named(commands: Arc<CommandHandler>, name: &str) -> StateLoads {
         let shared = Arc::new(Shared {
             commands,
             queue: Mutex::new(Queue::default()),
@@ -74,7 +80,7 @@ impl StateLoads {
         for _ in 0..readers_wanted() {
             let reader = Arc::clone(&shared);
             let started = std::thread::Builder::new()
-                .name("state-reader".into())
+                .name(name.to_string())
                 .spawn(move || reader.serve());
             match started {
                 Ok(_) => readers += 1,
@@ -171,6 +177,9 @@ mod tests {
 
     const VMS: usize = 300;
 
+    /// This test's reader threads' name: no other test's readers answer to it.
+    const READERS: &str = "loads-test";
+
     fn stream(i: usize) -> String {
         vmplane_projections::model::stream_of(Kind::VirtualMachine, "load", &format!("vm-{i}"))
     }
@@ -211,7 +220,7 @@ mod tests {
             cache.clone(),
             CommandOptions::default(),
         ));
-        let loads = Arc::new(StateLoads::new(commands));
+        let loads = Arc::new(StateLoads::with_threads_named(commands, READERS));
         assert_eq!(loads.readers, readers_wanted());
         // The readers wait, idle, under SCHED_BATCH (3 on Linux).
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -220,7 +229,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(
-            policies_of_threads_named("state-reader"),
+            policies_of_threads_named(READERS),
             vec![Policy::Batch.linux_number(); loads.readers]
         );
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -255,7 +264,7 @@ mod tests {
         // Dropped, the readers end.
         drop(loads);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !policies_of_threads_named("state-reader").is_empty() {
+        while !policies_of_threads_named(READERS).is_empty() {
             assert!(Instant::now() < deadline, "the readers end once dropped");
             std::thread::sleep(Duration::from_millis(5));
         }
