@@ -919,14 +919,27 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
     }))
 }
 
-/// Whether `after` changes the stored VM `before`: whether their JSON values differ (a key
-/// written in another order is no change). Equal typed objects serialize to equal values, so
-/// a re-applied manifest, what GitOps automation sends most, is told without a JSON tree;
-/// anything else is compared as JSON values.
+/// Whether `after` changes the stored VM `before`, compared as typed objects, without JSON
+/// trees: a key written in another order is no change (the maps of other fields, `JsonMap`,
+/// compare without regard to order), nor a quantity written another way with the same value
+/// (`1Gi` and `1024Mi`: Kubernetes stores a quantity by its value, so re-applying either over
+/// the other bumps no generation there either). Beyond quantities, objects that differ as types
+/// differ as JSON: every optional field is left out only when it is `None`, so `None` and
+/// `Some(x)` serialize differently; no other field is skipped or serialized by hand; no enum is
+/// untagged; and a parsed object never holds a typed field's key in a map of other fields
+/// (serde puts a known key in its field), the one way two typed objects could give one JSON
+/// value. Debug builds (the test suite) check that on every decision.
 fn spec_changed(before: Option<&VirtualMachine>, after: &VirtualMachine) -> bool {
-    if before == Some(after) {
-        return false;
-    }
+    let changed = before != Some(after);
+    debug_assert!(
+        !changed || json_differs(before, after),
+        "two VMs differ as types but not as JSON: a type changed how it serializes"
+    );
+    changed
+}
+
+/// Whether the JSON values of `before` and `after` differ.
+fn json_differs(before: Option<&VirtualMachine>, after: &VirtualMachine) -> bool {
     let before = before.map(serde_json::to_value).and_then(Result::ok);
     before != serde_json::to_value(after).ok()
 }
@@ -1237,21 +1250,29 @@ mod tests {
     }
 
     #[test]
-    fn objects_that_differ_as_types_but_not_as_json_are_no_change() {
-        // A field held in the map of other fields instead of its typed slot: another value of
-        // the type, the same JSON. Told by the JSON comparison, not the typed one.
-        let typed = vm(DEMO);
-        let mut moved = typed.clone();
-        let name = moved.metadata.name.take().expect("a name");
-        moved
-            .metadata
-            .extra
-            .insert("name".into(), serde_json::Value::String(name));
-        assert_ne!(typed, moved);
-        assert_eq!(
-            serde_json::to_value(&typed).ok(),
-            serde_json::to_value(&moved).ok()
+    fn a_quantity_written_another_way_with_the_same_value_is_no_change() {
+        let respelled = DEMO.replace("64Mi", "65536Ki");
+        assert!(super::json_differs(Some(&vm(DEMO)), &vm(&respelled)));
+        assert!(!spec_changed(Some(&vm(DEMO)), &vm(&respelled)));
+        assert!(spec_changed(
+            Some(&vm(DEMO)),
+            &vm(&DEMO.replace("64Mi", "65537Ki"))
+        ));
+    }
+
+    #[test]
+    fn a_parsed_object_holds_no_typed_key_among_its_other_fields() {
+        // What would make the typed comparison disagree with the JSON one: `name` held in the
+        // metadata's map of other fields. Parsing puts it in its field, wherever it is written.
+        let written_last = DEMO.replace(r#""name":"demo","#, "").replace(
+            r#""labels":{"a":"1","b":"2"}}"#,
+            r#""labels":{"a":"1","b":"2"},"name":"demo"}"#,
         );
-        assert!(!spec_changed(Some(&typed), &moved));
+        assert_ne!(written_last, DEMO);
+        let parsed = vm(&written_last);
+        assert_eq!(parsed.metadata.name.as_deref(), Some("demo"));
+        assert!(!parsed.metadata.extra.contains_key("name"));
+        assert!(!spec_changed(Some(&vm(DEMO)), &parsed));
+        assert!(!super::json_differs(Some(&vm(DEMO)), &parsed));
     }
 }

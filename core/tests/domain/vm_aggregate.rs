@@ -1,5 +1,6 @@
 //! The VM aggregate's create/update/delete semantics and validation.
 
+use vmplane_core::types::VirtualMachine;
 use vmplane_core::validate::RUNNING_AND_RUN_STRATEGY_MESSAGE;
 use vmplane_core::*;
 
@@ -272,4 +273,142 @@ fn given_when_then_on_a_created_vm() {
         apply_cmd(small_vm("demo", "Manual")),
         Then::Events(&["VmCreated"]),
     );
+}
+
+/// Every JSON object of `v` with its keys in the reverse order.
+fn keys_reversed(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(map) => {
+            let entries: Vec<_> = map.into_iter().collect();
+            serde_json::Value::Object(
+                entries
+                    .into_iter()
+                    .rev()
+                    .map(|(k, v)| (k, keys_reversed(v)))
+                    .collect(),
+            )
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(keys_reversed).collect())
+        }
+        other => other,
+    }
+}
+
+/// `vm` as the decision compares it with the stored `stored`: normalized, named as it, and
+/// with its firmware UUID and serial where the manifest gives none (INTERFACE.md row 6).
+fn as_compared(mut vm: VirtualMachine, stored: &VirtualMachine) -> serde_json::Value {
+    vm.metadata.name.clone_from(&stored.metadata.name);
+    vm.metadata.namespace.clone_from(&stored.metadata.namespace);
+    defaults::normalize_vm(&mut vm);
+    let kept = stored.firmware().cloned().unwrap_or_default();
+    let f = vm.firmware_mut();
+    if f.uuid.is_none() {
+        f.uuid = kept.uuid;
+    }
+    if f.serial.is_none() {
+        f.serial = kept.serial;
+    }
+    serde_json::to_value(&vm).expect("a VM serializes")
+}
+
+#[test]
+fn a_reapply_is_unchanged_exactly_when_the_vms_are_equal_as_json_over_the_test_data() {
+    // Every VM of the test data that is created without its instancetype or preference, under
+    // one name; then, over each, every other one applied, the same with every key in the reverse
+    // order, with a label or an unknown template field added, and with its guest memory written
+    // in KiB. The decision compares typed objects (no JSON trees); the answer must be the JSON
+    // comparison's, except that a quantity written another way with the same value is no
+    // change (as in Kubernetes, which stores a quantity by its value).
+    let mut vms: Vec<VirtualMachine> = Vec::new();
+    for file in testdata_files() {
+        let Ok(manifests) = types::parse_manifests(&std::fs::read(&file).expect("read")) else {
+            continue;
+        };
+        for m in manifests {
+            let types::Manifest::VirtualMachine(vm) = m else {
+                continue;
+            };
+            let mut vm = *vm;
+            vm.metadata.name = Some("same".into());
+            vm.metadata.namespace = Some("default".into());
+            // Their instancetype and preference are not what is compared here.
+            vm.spec.instancetype = None;
+            vm.spec.preference = None;
+            if Scenario::new()
+                .when(VmCommand::Create(Box::new(PutVm::new(vm.clone()))))
+                .is_ok()
+            {
+                vms.push(vm);
+            }
+        }
+    }
+    assert!(vms.len() >= 10, "the test data's VMs: {}", vms.len());
+    let mut candidates: Vec<(VirtualMachine, Option<&VirtualMachine>)> = Vec::new();
+    for vm in &vms {
+        candidates.push((vm.clone(), None));
+        let reversed = keys_reversed(serde_json::to_value(vm).expect("serializes"));
+        candidates.push((serde_json::from_value(reversed).expect("reads back"), None));
+        let mut labelled = vm.clone();
+        labelled
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("edited".into(), "yes".into());
+        candidates.push((labelled, None));
+        let mut unknown = vm.clone();
+        unknown
+            .vmi_spec_mut()
+            .extra
+            .insert("x-note".into(), serde_json::json!({"b": 1, "a": [1, 2]}));
+        candidates.push((unknown, None));
+        // The guest memory in KiB: the same value written another way, no change over `vm`.
+        let guest = vm
+            .vmi_spec()
+            .and_then(|s| s.domain.memory.as_ref()?.guest.clone());
+        if let Some(guest) = guest.filter(|g| g.units_ceil() % 1024 == 0) {
+            let kib = format!("{}Ki", guest.units_ceil() / 1024);
+            let mut respelled = vm.clone();
+            respelled.vmi_spec_mut().domain.memory_mut().guest =
+                Some(kib.parse().expect("a quantity"));
+            assert_ne!(
+                serde_json::to_value(&respelled).ok(),
+                serde_json::to_value(vm).ok()
+            );
+            candidates.push((respelled, Some(vm)));
+        }
+    }
+    assert!(
+        candidates.iter().any(|(_, same)| same.is_some()),
+        "some VM gives its guest memory"
+    );
+    let (mut unchanged, mut configured) = (0, 0);
+    for base in &vms {
+        let mut s = Scenario::new();
+        s.create(base.clone());
+        let stored = s.state().vm.as_deref().expect("created").clone();
+        let stored_json = serde_json::to_value(&stored).expect("serializes");
+        for (candidate, same_value_as) in &candidates {
+            let equal = as_compared(candidate.clone(), &stored) == stored_json
+                || same_value_as.is_some_and(|o| as_compared(o.clone(), &stored) == stored_json);
+            let before = s.events.len();
+            let d = s.apply(candidate.clone());
+            if equal {
+                unchanged += 1;
+                assert_eq!(d.outcome, Outcome::Unchanged, "{candidate:?} over {base:?}");
+            } else {
+                configured += 1;
+                assert_eq!(
+                    d.outcome,
+                    Outcome::Configured,
+                    "{candidate:?} over {base:?}"
+                );
+                // Back to the base for the next candidate.
+                s.events.truncate(before);
+            }
+        }
+    }
+    // Each base is unchanged by itself and its reordered copy, at least.
+    assert!(unchanged >= 2 * vms.len(), "unchanged: {unchanged}");
+    assert!(configured >= 2 * vms.len(), "configured: {configured}");
 }
