@@ -835,3 +835,119 @@ fn snapshot_commands_require_the_snapshot_gate() {
     assert_eq!(r.causes[0].reason, "Snapshot feature gate is not enabled");
     assert!(require_feature(&Features::defaults(), "NoSuchGate").is_err());
 }
+
+#[test]
+fn without_instancetype_or_preference_the_requested_features_are_those_of_the_expanded_spec() {
+    // The state reads the stored spec as it is when nothing is captured (no clone, no
+    // expansion): over every VM of the test data (without its instancetype and preference),
+    // as given and with each field a feature is requested by added, the list must be the
+    // expanded spec's, field paths (disk indexes) included.
+    let additions: [(&str, serde_json::Value); 7] = [
+        ("/domain/devices/downwardMetrics", serde_json::json!({})),
+        (
+            "/domain/devices/tpm",
+            serde_json::json!({"persistent": true}),
+        ),
+        (
+            "/domain/firmware/bootloader",
+            serde_json::json!({"efi": {"persistent": true}}),
+        ),
+        (
+            "/domain/devices/gpus",
+            serde_json::json!([{"name": "gpu1", "deviceName": "nvidia.com/GP102GL"}]),
+        ),
+        (
+            "/domain/devices/hostDevices",
+            serde_json::json!([{"name": "hd1", "deviceName": "intel.com/qat"}]),
+        ),
+        (
+            "/volumes",
+            serde_json::json!([{"name": "metrics", "downwardMetrics": {}}]),
+        ),
+        (
+            "/domain/devices/disks",
+            serde_json::json!([{"name": "lun0", "lun": {"reservation": true}}]),
+        ),
+    ];
+    let (mut checked, mut with_features) = (0, 0);
+    for file in testdata_files() {
+        let Ok(manifests) = types::parse_manifests(&std::fs::read(&file).expect("read")) else {
+            continue;
+        };
+        for m in manifests {
+            let Manifest::VirtualMachine(vm) = m else {
+                continue;
+            };
+            let mut vm = *vm;
+            vm.spec.instancetype = None;
+            vm.spec.preference = None;
+            let base = serde_json::to_value(&vm).expect("serializes");
+            let mut variants = vec![base.clone()];
+            for (path, value) in &additions {
+                let mut v = base.clone();
+                let template = v
+                    .pointer_mut("/spec/template/spec")
+                    .expect("a template spec");
+                put_at(template, path, value.clone());
+                if *path == "/domain/devices/disks" {
+                    // The LUN's volume, after the others: the disk is the last one.
+                    put_at(
+                        template,
+                        "/volumes",
+                        serde_json::json!([{"name": "lun0",
+                            "persistentVolumeClaim": {"claimName": "shared"}}]),
+                    );
+                }
+                variants.push(v);
+            }
+            for v in variants {
+                let vm: types::VirtualMachine = serde_json::from_value(v).expect("a VM");
+                let mut s = Scenario::new();
+                if s.when(apply_cmd(vm)).is_err() {
+                    continue;
+                }
+                let state = s.state();
+                let expanded = state.expand_vmi_spec().expect("expands");
+                let requested = state.requested().to_vec();
+                assert_eq!(
+                    requested,
+                    template_features_requested(&expanded),
+                    "{}",
+                    file.display()
+                );
+                checked += 1;
+                if !requested.is_empty() {
+                    with_features += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 100, "VMs checked: {checked}");
+    assert!(
+        with_features >= 80,
+        "VMs requesting a feature: {with_features}"
+    );
+}
+
+/// Sets `path` (a JSON pointer under `doc`) to `value`, making the objects on the way; a list
+/// already there is extended.
+fn put_at(doc: &mut serde_json::Value, path: &str, value: serde_json::Value) {
+    let mut at = doc;
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    for key in &parts[..parts.len() - 1] {
+        let map = at.as_object_mut().expect("an object on the way");
+        at = map
+            .entry(key.to_string())
+            .or_insert_with(|| serde_json::json!({}));
+    }
+    let map = at.as_object_mut().expect("an object");
+    let last = parts[parts.len() - 1].to_string();
+    match (map.get_mut(&last), value) {
+        (Some(serde_json::Value::Array(items)), serde_json::Value::Array(more)) => {
+            items.extend(more)
+        }
+        (_, value) => {
+            map.insert(last, value);
+        }
+    }
+}
