@@ -577,32 +577,7 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
 
 /// The features the VM's next VMI would request: its spec expanded with the captured
 /// instancetype and preference, or the stored spec if that cannot be expanded.
-///
-/// With neither captured, the stored spec is read as it is: the expansion would only add the
-/// defaults (architecture, machine type, disk bus, interface model, input device, a disk
-/// appended for each volume without one, a `disk` target for a disk without any), and none of
-/// them is a field a feature is requested by (`features_requested`), nor moves an existing disk
-/// (the fields name disks by index). So the spec is not cloned and expanded for every VM
-/// created, whose full answer asks for its conditions. Debug builds (the test suite) check
-/// that against the expansion on every call; `features`' test data test holds the contract.
 fn requested_of(s: &VmState) -> Vec<FeatureUse> {
-    if s.instancetype.is_none() && s.preference.is_none() {
-        let requested =
-            s.vm.as_deref()
-                .map(features::vm_features_requested)
-                .unwrap_or_default();
-        debug_assert_eq!(
-            requested,
-            requested_expanded(s),
-            "the defaults of an expansion changed the features a spec requests"
-        );
-        return requested;
-    }
-    requested_expanded(s)
-}
-
-/// [`requested_of`] through the expansion.
-fn requested_expanded(s: &VmState) -> Vec<FeatureUse> {
     match s.expand_vmi_spec() {
         // What `vm_features_requested` of the expanded VM reads, without the rest of the VM.
         Ok(spec) => features::template_features_requested(&spec),
