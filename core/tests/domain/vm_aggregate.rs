@@ -296,7 +296,7 @@ fn keys_reversed(v: serde_json::Value) -> serde_json::Value {
 }
 
 /// `vm` as the decision compares it with the stored `stored`: normalized, named as it, and
-/// with its firmware UUID and serial where the manifest gives none (INTERFACE.md row 6).
+/// with its firmware UUID and serial where the manifest gives none (semantics.md, row 6).
 fn as_compared(mut vm: VirtualMachine, stored: &VirtualMachine) -> serde_json::Value {
     vm.metadata.name.clone_from(&stored.metadata.name);
     vm.metadata.namespace.clone_from(&stored.metadata.namespace);
@@ -313,7 +313,7 @@ fn as_compared(mut vm: VirtualMachine, stored: &VirtualMachine) -> serde_json::V
 }
 
 #[test]
-fn a_reapply_is_unchanged_exactly_when_the_vms_are_equal_as_json_over_the_test_data() {
+fn a_reapply_is_unchanged_exactly_when_equal_as_json_quantities_by_value_over_the_test_data() {
     // Every VM of the test data that is created without its instancetype or preference, under
     // one name; then, over each, every other one applied, the same with every key in the reverse
     // order, with a label or an unknown template field added, and with its guest memory written
