@@ -99,6 +99,19 @@ impl PassState {
         self.domains().get(&uid).cloned()
     }
 
+    /// Whether a VMI not yet ended, placed on `node`, still holds its room there. A Running
+    /// (or Unknown) VMI whose domain this pass found gone or not running does not: this very
+    /// pass records it ended (`observe_domain`), and until then its room must not keep
+    /// another VMI from being placed (after a hypervisor restart, every VMI of the node is
+    /// in that case at once). On a node whose listing failed nothing is concluded: it holds.
+    fn holds_room(&self, uid: Uuid, phase: VmiPhase, node: &str) -> bool {
+        if self.node_unlisted(Some(node)) || !matches!(phase, VmiPhase::Running | VmiPhase::Unknown)
+        {
+            return true;
+        }
+        self.domain(uid).is_some_and(|d| d.status.is_active())
+    }
+
     fn set_status(&self, uid: Uuid, status: DomainStatus) {
         if let Some(d) = self.domains().get_mut(&uid) {
             d.status = status;
@@ -302,12 +315,14 @@ impl Reconciler {
             .retain(|uid, _| wanted.contains(uid));
     }
 
-    /// Fills `ps.placed` with the resources of every VMI that has a node and has not ended.
+    /// Fills `ps.placed` with the resources of every VMI that has a node, has not ended and
+    /// still holds its room there ([`PassState::holds_room`]).
     fn count_placed(&self, ps: &PassState, vms: &[VmState], vmis: &[VmiState]) {
         let mut placed = Vec::new();
         for state in vms {
             if let Some(v) = state.active_vmi()
                 && let Some(node) = &v.node
+                && ps.holds_room(v.uid, v.phase, node)
                 && let Ok(spec) = self.vm_spec(state, v.uid).as_ref()
             {
                 placed.push((node.clone(), Resources::of(spec)));
@@ -316,6 +331,9 @@ impl Reconciler {
         for state in vmis.iter().filter(|s| s.is_live()) {
             if let (Some(uid), Some(node)) = (state.uid, &state.node)
                 && !state.phase.is_some_and(VmiPhase::is_final)
+                && state
+                    .phase
+                    .is_none_or(|phase| ps.holds_room(uid, phase, node))
                 && let Ok(spec) = self.standalone_spec(state, uid).as_ref()
             {
                 placed.push((node.clone(), Resources::of(spec)));

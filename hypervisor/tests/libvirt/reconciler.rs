@@ -547,6 +547,51 @@ fn vmis_that_fit_nowhere_are_unschedulable_until_room_frees_up() {
 }
 
 #[test]
+fn a_vmi_whose_domain_is_gone_frees_its_room_in_the_pass_that_finds_it_gone() {
+    // One vCPU: room for one VM only. `z` runs there; then its domain disappears behind
+    // vmplane's back (as after a hypervisor restart) and `a` asks for the room.
+    let node = PrivateNode::with_capacity(1, 4 << 20);
+    let mut f = Fixture::on(node, |hv| hv);
+    f.cp().apply_vm(&vm_yaml("z", "Manual"));
+    f.cp().user_vm(NS, "z", VmCommand::Start { paused: false });
+    f.settle();
+    let z = f.vm("z");
+    assert_eq!(phase(&z), Some(VmiPhase::Running));
+    f.hv().destroy(firmware_uuid(&z)).expect("destroy");
+    f.hv().undefine(firmware_uuid(&z)).expect("undefine");
+    f.cp().apply_vm(&vm_yaml("a", "Always"));
+
+    // One pass finds z's domain gone and places a in the room z held: a VMI of a node's
+    // lost domain holds no room, even before the pass has recorded it Failed.
+    let report = f.pass();
+    let actions: Vec<String> = report.actions.iter().map(ToString::to_string).collect();
+    assert!(
+        actions
+            .iter()
+            .any(|a| a.contains("vm/default/z observe_domain") && a.contains("has no domain")),
+        "{actions:#?}"
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| a.contains("vm/default/a schedule_vmi")),
+        "{actions:#?}"
+    );
+    assert!(
+        !actions.iter().any(|a| a.contains("record_unschedulable")),
+        "{actions:#?}"
+    );
+    f.settle();
+    assert_eq!(phase(&f.vm("a")), Some(VmiPhase::Running));
+    let z = f.vm("z");
+    let vmi = z.run.vmi.as_ref().expect("z's ended VMI");
+    assert_eq!(
+        (vmi.phase, vmi.reason.as_deref()),
+        (VmiPhase::Failed, Some("DomainLost"))
+    );
+}
+
+#[test]
 fn a_deleted_vm_has_its_domain_stopped_and_removed() {
     let mut f = Fixture::new();
     f.cp().apply_vm(&vm_yaml("web", "Always"));
