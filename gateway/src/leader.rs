@@ -156,7 +156,7 @@ fn supervise(leadership: &Leadership, parts: &SupervisorParts, stop: &AtomicBool
             Ok(Some(term)) => term,
             Ok(None) => break,
             Err(err) => {
-                tracing::warn!(error = %format!("{err:#}"), "campaign failed; trying again");
+                tracing::warn!(error = %crate::report::one_line(&err), "campaign failed; trying again");
                 std::thread::sleep(Duration::from_secs(1));
                 continue;
             }
@@ -167,7 +167,7 @@ fn supervise(leadership: &Leadership, parts: &SupervisorParts, stop: &AtomicBool
         let reason = match lead(&term, parts, stop) {
             Ok(reason) => reason,
             Err(err) => {
-                let reason = format!("{err:#}");
+                let reason = crate::report::one_line(&err);
                 tracing::error!(error = %reason, "could not run the reconciler in this term");
                 // Step down so another server can try; wait before campaigning again.
                 std::thread::sleep(Duration::from_secs(1));

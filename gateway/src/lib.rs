@@ -26,6 +26,7 @@ pub mod leader;
 pub mod loads;
 pub mod metrics;
 pub mod print;
+pub mod report;
 pub mod sagas;
 pub mod server;
 pub mod services;

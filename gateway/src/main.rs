@@ -54,8 +54,11 @@ fn main() -> ExitCode {
         // The reader went away (`vmplane get vms -o json | head`): nothing left to tell it.
         Err(err) if reader_gone(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            // One clear line: the context chain, outermost first.
-            eprintln!("vmplane: error: {err:#}");
+            // One clear line: the context chain, outermost first, each cause once.
+            eprintln!(
+                "vmplane: error: {}",
+                vmplane_gateway::report::one_line(&err)
+            );
             // `diff` reserves 1 for "different".
             ExitCode::from(2)
         }

@@ -164,6 +164,8 @@ pub async fn serve(
         Some(path) => Some(Arc::new(Authenticator::load(path).context("--auth")?)),
         None => None,
     };
+    // Before the log is opened: a refused start leaves no data directory behind.
+    probe_hypervisor(&args.hypervisor).await?;
     let (log, leadership) = open_log(&args).await?;
     let head = log.head();
     let (projections, commands) = {
@@ -669,6 +671,27 @@ pub fn node_args(values: &[String]) -> anyhow::Result<Option<Vec<String>>> {
 /// Starts the reconciler's supervisor: it campaigns for the reconciler's leadership and runs
 /// the reconciler (on threads of its own, libvirt nodes opened per term) only while this server
 /// leads (see [`crate::leader`]). `None` for `--hypervisor none`.
+/// Opens every `--hypervisor` node once before serving (on a blocking thread), so that a URI
+/// that cannot be opened (a typo, a missing file, libvirt not running there) stops `serve` at
+/// once with the reason, rather than leaving a server that says it is ready while its
+/// reconciler fails every second. The reconciler opens its own connections when it leads.
+async fn probe_hypervisor(values: &[String]) -> anyhow::Result<()> {
+    let Some(nodes) = node_args(values)? else {
+        return Ok(());
+    };
+    let shown = nodes.join(" ");
+    tokio::task::spawn_blocking(move || vmplane_hypervisor::Nodes::open(&nodes).map(drop))
+        .await
+        .context("open the hypervisor nodes")?
+        .map_err(|e| {
+            // `e` says its causes in its own text: one line, the hint last.
+            anyhow::anyhow!(
+                "--hypervisor {shown}: cannot open: {e} (check the URI and that libvirt serves \
+                 it; `--hypervisor none` serves without a reconciler)"
+            )
+        })
+}
+
 fn start_reconciler(
     values: &[String],
     leadership: Leadership,

@@ -288,3 +288,40 @@ fn serve_reports_a_damaged_log_as_an_error_without_panicking() {
         "no clear error line: {err}"
     );
 }
+
+#[test]
+fn serve_refuses_a_hypervisor_it_cannot_open_with_the_cause_said_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-such-node.xml");
+    let uri = format!("test://{}", missing.display());
+    let (_dir, _data) = assert_serve_refuses("--hypervisor", &uri);
+    let data = dir.path().join("data");
+    let (code, _out, err) = run_cli(&[
+        "serve",
+        "--data",
+        data.to_str().expect("utf-8 path"),
+        "--listen",
+        "127.0.0.1:0",
+        "--hypervisor",
+        &uri,
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("ready"), "refused before serving: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("vmplane: error:"))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(
+        line.contains(&format!("--hypervisor node1={uri}")),
+        "{line}"
+    );
+    assert!(
+        line.contains("--hypervisor none"),
+        "says what to do: {line}"
+    );
+    assert_eq!(
+        line.matches("failed to parse xml document").count(),
+        1,
+        "the cause once: {line}"
+    );
+}
