@@ -1052,6 +1052,7 @@ impl pb::history_server::History for Api {
                 .map(|h| pb::Revision {
                     revision: h.revision,
                     position: h.position,
+                    generation: h.generation,
                     time: h.time,
                     actor: h.actor,
                     events: h.events,
@@ -1194,14 +1195,16 @@ fn cluster_config_name(projections: &Projections, position: u64) -> Result<Optio
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
-/// A watch resumes after `from`; refused (`FAILED_PRECONDITION`, Kubernetes' "410 Gone") when a
+/// A watch resumes after `from`; refused (`INVALID_ARGUMENT`) when the log's head does not reach
+/// `from` within [`WATCH_AHEAD_WAIT`], and (`FAILED_PRECONDITION`, Kubernetes' "410 Gone") when a
 /// point-in-time restore voided that position: the client saw an event the restored history does
 /// not have, so it must re-list (see [`crate::dr`], "Positions never go backwards"). The
 /// message names the restore and the cut only, not what stood there (another namespace's).
-fn refuse_voided_position(log: &dyn EventLog, from: u64) -> Result<(), Status> {
+fn check_from_position(log: &dyn EventLog, from: u64) -> Result<(), Status> {
     if from == 0 {
         return Ok(());
     }
+    refuse_position_past_head(log, from, WATCH_AHEAD_WAIT)?;
     let event = log
         .read_event(Position(from))
         .map_err(|e| status::from_store("watch", &e))?;
@@ -1224,6 +1227,32 @@ fn refuse_voided_position(log: &dyn EventLog, from: u64) -> Result<(), Status> {
          the list's resourceVersion",
         void.restore_epoch, void.cut_position
     )))
+}
+
+/// How long a watch from a position past the log's head waits for the head to reach it (a
+/// position another server of the cluster gave, which this one has not read yet) before it is
+/// refused: Kubernetes' watch cache waits as long for a resourceVersion it has not seen.
+const WATCH_AHEAD_WAIT: Duration = Duration::from_secs(3);
+
+/// Refuses a watch from a position the log's head has not reached within `wait`: it would
+/// otherwise wait, silently, for events that may never come (a mistyped position, or one from
+/// another data directory).
+fn refuse_position_past_head(log: &dyn EventLog, from: u64, wait: Duration) -> Result<(), Status> {
+    let started = std::time::Instant::now();
+    loop {
+        let head = log.head();
+        if from <= head.0 {
+            return Ok(());
+        }
+        if started.elapsed() >= wait {
+            return Err(Status::invalid_argument(format!(
+                "from_position: position {from} is past the log's head {}; watch without \
+                 --from-position to start at the head, or from a list's resourceVersion",
+                head.0
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[tonic::async_trait]
@@ -1254,7 +1283,7 @@ impl pb::watch_server::Watch for Api {
         let after = match r.from_position {
             Some(p) => {
                 let log = Arc::clone(&self.log);
-                blocking(move || refuse_voided_position(log.as_ref(), p)).await?;
+                blocking(move || check_from_position(log.as_ref(), p)).await?;
                 Position(p)
             }
             None => self.log.head(),

@@ -126,12 +126,14 @@ impl Principal {
 #[derive(Debug, thiserror::Error)]
 pub enum AuthFileError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Io {
         /// The file.
         path: String,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error: in the message, not a `source` (thiserror makes a field named
+        /// `source` one), since the binary prints an error's whole chain, which would say the
+        /// cause twice.
+        error: std::io::Error,
     },
     /// The file is larger than [`AUTH_FILE_BYTES_MAX`].
     #[error("{path} is {bytes} bytes, more than the {max} bytes allowed")]
@@ -213,9 +215,9 @@ impl Authenticator {
     /// Reads and checks an `--auth` file.
     pub fn load(path: &Path) -> Result<Authenticator, AuthFileError> {
         let shown = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|source| AuthFileError::Io {
+        let meta = std::fs::metadata(path).map_err(|error| AuthFileError::Io {
             path: shown.clone(),
-            source,
+            error,
         })?;
         if meta.len() > AUTH_FILE_BYTES_MAX {
             return Err(AuthFileError::TooLarge {
@@ -224,9 +226,9 @@ impl Authenticator {
                 max: AUTH_FILE_BYTES_MAX,
             });
         }
-        let text = std::fs::read_to_string(path).map_err(|source| AuthFileError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| AuthFileError::Io {
             path: shown.clone(),
-            source,
+            error,
         })?;
         Authenticator::parse(&text).map_err(|reason| AuthFileError::Invalid {
             path: shown,

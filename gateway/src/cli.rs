@@ -363,13 +363,28 @@ Examples:
 
     /// List a VM's revisions: time, actor, events, summary.
     #[command(
-        after_help = "Examples:\n  vmplane history vm demo\n  vmplane history vm demo -o json"
+        after_help = "A revision counts every event of the VM's stream (start and stop requests
+and its VMI's lifecycle too); metadata.generation counts the VM's own changes, as Kubernetes'
+does. `-o wide` and `-o json` give each revision's generation; `get --revision` and
+`diff` take revisions.
+
+Examples:
+  vmplane history vm demo
+  vmplane history vm demo -o wide
+  vmplane history vm demo -o json"
     )]
     History(HistoryArgs),
 
     /// Unified diff of a VM's spec between two revisions. Exit 0 when equal, 1 when different.
     #[command(
-        after_help = "Examples:\n  vmplane diff vm demo --from 1            # revision 1 against the current one\n  vmplane diff vm demo --from 1 --to 3"
+        after_help = "With -o json or -o yaml: one object instead of the diff, with the same exit status:
+  {\"from\": N, \"to\": M, \"equal\": true|false, \"diff\": \"UNIFIED DIFF\"}
+`to` is the revision compared to (the current one without --to); `diff` is empty when equal.
+
+Examples:
+  vmplane diff vm demo --from 1            # revision 1 against the current one
+  vmplane diff vm demo --from 1 --to 3
+  vmplane diff vm demo --from 1 -o json | jq -r .diff"
     )]
     Diff(DiffArgs),
 
@@ -381,13 +396,19 @@ Examples:
     Audit(AuditArgs),
 
     /// Print events as they happen.
-    #[command(after_help = "With -o json: one JSON object a line.
+    #[command(
+        after_help = "With -o json: one JSON object a line. Each event is shown as the kind
+it is about, except that `watch vms` also delivers the VMI events of a VM's stream as changes
+of the VM (kind VirtualMachine), since they change its status and resourceVersion;
+`watch` and `watch vmis` show them as VirtualMachineInstance. A --from-position past the log's
+head is refused (after up to 3 s for the head to reach it), naming the head.
 
 Examples:
   vmplane watch vms
   vmplane watch -A -o json
   vmplane get vms -o json | jq .metadata.resourceVersion   # then, without gap or repeat:
-  vmplane watch vms --from-position 42")]
+  vmplane watch vms --from-position 42"
+    )]
     Watch(WatchArgs),
 
     /// Show every cluster feature's effective state, or which VMs use one.

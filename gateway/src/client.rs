@@ -16,6 +16,7 @@ use crate::input::{self, Unit};
 use crate::pb;
 use crate::print;
 use crate::tls::ClientChannel;
+use vmplane_core::types::Kind;
 
 /// Exit status of `diff` when the revisions differ.
 pub const DIFF_DIFFERENT_EXIT: u8 = 1;
@@ -93,8 +94,15 @@ pub async fn connect_channel(global: &GlobalArgs) -> anyhow::Result<ClientChanne
     crate::tls::connect(endpoint, &global.server, ca_cert).await
 }
 
-/// A gRPC error as one line: the server's message already names the object and field.
+/// A gRPC error as one line: the server's message already names the object and field; a
+/// hint of what to do next ends it, in parentheses, when the server's message does not say.
 pub fn status_error(status: Status) -> anyhow::Error {
+    status_error_about(status, None)
+}
+
+/// [`status_error`] for a request about one object named on the command line: its hint can
+/// name the command to run next (`vmplane get vms -n NS`, `vmplane history vm NAME`, ...).
+pub fn status_error_about(status: Status, about: Option<&About<'_>>) -> anyhow::Error {
     let code = match status.code() {
         tonic::Code::InvalidArgument => "invalid",
         tonic::Code::NotFound => "not found",
@@ -110,14 +118,213 @@ pub fn status_error(status: Status) -> anyhow::Error {
         _ => "server error",
     };
     let message = status.message();
-    // What to do, unless the server's message says it already.
-    let todo = match status.code() {
-        tonic::Code::Unauthenticated if !message.contains("--token") => {
-            " (pass --token or set VMPLANE_TOKEN)"
+    match hint(&status, about) {
+        Some(todo) => anyhow!("{code}: {message} ({todo})"),
+        None => anyhow!("{code}: {message}"),
+    }
+}
+
+/// The object a request named on the command line, and how it asked for it: what the hint
+/// at the end of its error line is about.
+#[derive(Debug, Clone, Default)]
+pub struct About<'a> {
+    /// The kind as typed (`vm`, `snapshots`, `VirtualMachine`, ...).
+    pub kind: &'a str,
+    /// The namespace it was asked in (ignored for cluster-wide kinds).
+    pub namespace: &'a str,
+    /// Its name.
+    pub name: &'a str,
+    /// `start`, `stop` or `restart`, for a lifecycle request.
+    pub verb: Option<Verb>,
+    /// `--at-position P` or `--as-of T`, when it was read as it was then.
+    pub then: Option<String>,
+}
+
+impl<'a> About<'a> {
+    /// A request about `kind` `namespace/name`.
+    #[must_use]
+    pub fn object(kind: &'a str, namespace: &'a str, name: &'a str) -> About<'a> {
+        About {
+            kind,
+            namespace,
+            name,
+            ..About::default()
         }
-        _ => "",
-    };
-    anyhow!("{code}: {message}{todo}")
+    }
+}
+
+/// How the CLI names a kind's objects: `get`'s singular and plural (kubectl's short forms) and
+/// what a hint calls them; `None` for the kinds vmplane does not manage.
+fn kind_names(kind: Kind) -> Option<(&'static str, &'static str, &'static str)> {
+    Some(match kind {
+        Kind::VirtualMachine => ("vm", "vms", "VMs"),
+        Kind::VirtualMachineInstance => ("vmi", "vmis", "VMIs"),
+        Kind::VirtualMachineInstancetype => ("instancetype", "instancetypes", "instancetypes"),
+        Kind::VirtualMachineClusterInstancetype => (
+            "clusterinstancetype",
+            "clusterinstancetypes",
+            "cluster instancetypes",
+        ),
+        Kind::VirtualMachinePreference => ("preference", "preferences", "preferences"),
+        Kind::VirtualMachineClusterPreference => (
+            "clusterpreference",
+            "clusterpreferences",
+            "cluster preferences",
+        ),
+        Kind::KubeVirt => ("kubevirt", "kubevirt", "KubeVirt configurations"),
+        Kind::VirtualMachineSnapshot => ("snapshot", "snapshots", "snapshots"),
+        Kind::VirtualMachineRestore => ("restore", "restores", "restores"),
+        Kind::VirtualMachineClone => ("clone", "clones", "clones"),
+        Kind::VirtualMachinePool
+        | Kind::VirtualMachineInstanceReplicaSet
+        | Kind::VirtualMachineInstanceMigration => return None,
+    })
+}
+
+/// ` -n NS` for a kind that lives in a namespace, else nothing.
+fn namespace_flag(kind: Kind, namespace: &str) -> String {
+    if kind.cluster_wide() {
+        String::new()
+    } else {
+        format!(" -n {namespace}")
+    }
+}
+
+/// `Kind ns/name` (`Kind name` for a cluster-wide kind), as the server names an object.
+fn object_title(kind: Kind, namespace: &str, name: &str) -> String {
+    if kind.cluster_wide() {
+        format!("{kind} {name}")
+    } else {
+        format!("{kind} {namespace}/{name}")
+    }
+}
+
+/// Whether a NotFound message is about a revision (`... revision 7 not found`, `... not found
+/// at revision 7`), not the object itself.
+fn revision_not_found(message: &str) -> bool {
+    let words: Vec<&str> = message.split_whitespace().collect();
+    let number = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit());
+    words.windows(4).any(|w| {
+        (w[0] == "revision" && number(w[1]) && w[2] == "not" && w[3] == "found")
+            || (w[0] == "found" && w[1] == "at" && w[2] == "revision" && number(w[3]))
+    })
+}
+
+/// A request's object, named as the server names it and as the CLI names its kind.
+struct Named<'a> {
+    about: &'a About<'a>,
+    /// `VirtualMachine ns/name`, as the server's messages start.
+    title: String,
+    /// `get`'s singular and plural of the kind (`vm`, `vms`).
+    one: &'static str,
+    many: &'static str,
+    /// What a hint calls objects of the kind (`VMs`).
+    noun: &'static str,
+    /// ` -n NS`, or nothing for a cluster-wide kind.
+    ns: String,
+}
+
+impl<'a> Named<'a> {
+    /// `None` for a kind the CLI does not know or vmplane does not manage.
+    fn of(about: &'a About<'a>) -> Option<Named<'a>> {
+        let kind = Kind::from_cli_name(about.kind)?;
+        let (one, many, noun) = kind_names(kind)?;
+        Some(Named {
+            about,
+            title: object_title(kind, about.namespace, about.name),
+            one,
+            many,
+            noun,
+            ns: namespace_flag(kind, about.namespace),
+        })
+    }
+}
+
+/// What to do next after `status`, when its message does not say it already.
+fn hint(status: &Status, about: Option<&About<'_>>) -> Option<String> {
+    let message = status.message();
+    let reasons = status
+        .metadata()
+        .get(crate::status::REASONS_KEY)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let named = about.and_then(Named::of);
+    match status.code() {
+        tonic::Code::Unauthenticated if message.contains("--token") => None,
+        tonic::Code::Unauthenticated if message.contains("not valid") => {
+            Some("check the token given with --token or VMPLANE_TOKEN".into())
+        }
+        tonic::Code::Unauthenticated => Some("pass --token or set VMPLANE_TOKEN".into()),
+        // vmplane's servers say which role to ask an admin for.
+        tonic::Code::PermissionDenied
+            if message.contains("ask an admin") || message.contains("admin role") =>
+        {
+            None
+        }
+        tonic::Code::PermissionDenied => Some(
+            "the token's principal has no role that allows this: ask an admin for one, or \
+             check --token or VMPLANE_TOKEN"
+                .into(),
+        ),
+        tonic::Code::NotFound => {
+            let Named {
+                about,
+                title,
+                one,
+                many,
+                noun,
+                ns,
+            } = named?;
+            // Only about the object named: a reference it holds (`spec.instancetype`) is not.
+            let rest = message.strip_prefix(&title)?;
+            if revision_not_found(rest) {
+                Some(format!(
+                    "`vmplane history {one} {}{ns}` lists its revisions",
+                    about.name
+                ))
+            } else if !(rest.starts_with(" not found") || rest.starts_with(": metadata.name:")) {
+                None
+            } else if let Some(then) = about.then.as_deref().filter(|_| rest.contains(" at ")) {
+                Some(format!(
+                    "list the {noun} at that point with `vmplane get {many}{ns} {then}`"
+                ))
+            } else {
+                Some(format!("list the {noun} with `vmplane get {many}{ns}`"))
+            }
+        }
+        tonic::Code::Aborted => Some(match named {
+            Some(Named { about, one, ns, .. }) => format!(
+                "re-read it with `vmplane get {one} {}{ns}`, then retry",
+                about.name
+            ),
+            None => "re-read the object with `vmplane get`, then retry".into(),
+        }),
+        tonic::Code::FailedPrecondition
+            if reasons
+                .split(',')
+                .any(|r| r == vmplane_core::codes::FEATURE_NOT_ENABLED) =>
+        {
+            Some(
+                "`vmplane features` shows the cluster's features; an admin enables one in the \
+                 KubeVirt configuration"
+                    .into(),
+            )
+        }
+        tonic::Code::FailedPrecondition => {
+            let Named { about, ns, .. } = named?;
+            about.verb?;
+            let name = about.name;
+            let shows = format!("`vmplane get vm {name}{ns}` shows its status");
+            Some(if message.ends_with("is already running") {
+                format!("{shows}; `vmplane restart {name}{ns}` restarts it")
+            } else if message.ends_with("is not running") {
+                format!("`vmplane start {name}{ns}` starts it; {shows}")
+            } else {
+                format!("{shows} and run strategy")
+            })
+        }
+        _ => None,
+    }
 }
 
 /// The server's refusal of a document over the manifest limit (ResourceExhausted, naming the
@@ -287,10 +494,34 @@ pub async fn apply(
                     )?,
                 }
             }
-            Err(status) => failures.push(status_error(located(status, &unit, &g.namespace))),
+            Err(status) => {
+                // A conflict is about the object written; other refusals may be about
+                // what it references (an instancetype), which no hint could name.
+                let about = (status.code() == tonic::Code::Aborted)
+                    .then(|| about_manifest(&unit, &g.namespace))
+                    .flatten();
+                let status = located(status, &unit, &g.namespace);
+                failures.push(status_error_about(status, about.as_ref()));
+            }
         }
     }
     outcome(failures, total, "applied")
+}
+
+/// What an error about the object of `unit` is about: its kind, namespace (`namespace` when
+/// it names none) and name, when it names them.
+fn about_manifest<'a>(unit: &'a Unit, namespace: &'a str) -> Option<About<'a>> {
+    let text = |pointer: &str| {
+        unit.value
+            .pointer(pointer)
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    Some(About::object(
+        text("/kind")?,
+        text("/metadata/namespace").unwrap_or(namespace),
+        text("/metadata/name")?,
+    ))
 }
 
 /// How much of a written object to ask back for the output `format`: the object only when
@@ -349,7 +580,18 @@ pub async fn get(c: &mut Clients, g: &GlobalArgs, a: &GetArgs) -> anyhow::Result
                     min_position: 0,
                 })
                 .await
-                .map_err(status_error)?
+                .map_err(|status| {
+                    let then = match (a.at_position, &a.as_of) {
+                        (Some(p), _) => Some(format!("--at-position {p}")),
+                        (None, Some(t)) => Some(format!("--as-of {t}")),
+                        (None, None) => None,
+                    };
+                    let about = About {
+                        then,
+                        ..About::object(&a.kind, &g.namespace, name)
+                    };
+                    status_error_about(status, Some(&about))
+                })?
                 .into_inner();
             let obj = resp.object.unwrap_or_default();
             match g.output {
@@ -473,7 +715,10 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
             namespace: &g.namespace,
             name,
         };
-        if delete_one(c, a, &target).await.map_err(status_error)? {
+        let deleted = delete_one(c, a, &target)
+            .await
+            .map_err(|status| status_error_about(status, Some(&target.about())))?;
+        if deleted {
             said_deleted(&mut out, g, &target, false)?;
         }
         return Ok(());
@@ -505,7 +750,10 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
         match delete_one(c, a, &target).await {
             Ok(true) => said_deleted(&mut out, g, &target, false)?,
             Ok(false) => {}
-            Err(status) => failures.push(status_error(located(status, &unit, &g.namespace))),
+            Err(status) => failures.push(status_error_about(
+                located(status, &unit, &g.namespace),
+                Some(&target.about()),
+            )),
         }
     }
     outcome(failures, total, "deleted")
@@ -557,7 +805,7 @@ async fn delete_selected(
         match delete_one(c, &tolerant, &target).await {
             Ok(true) => said_deleted(out, g, &target, a.all_namespaces)?,
             Ok(false) => {}
-            Err(status) => failures.push(status_error(status)),
+            Err(status) => failures.push(status_error_about(status, Some(&target.about()))),
         }
     }
     outcome(failures, total, "deleted")
@@ -569,6 +817,13 @@ struct Target<'a> {
     kind: &'a str,
     namespace: &'a str,
     name: &'a str,
+}
+
+impl Target<'_> {
+    /// What an error about it is about.
+    fn about(&self) -> About<'_> {
+        About::object(self.kind, self.namespace, self.name)
+    }
 }
 
 /// Deletes one object: whether it was there (`false` only with `--ignore-not-found`).
@@ -665,7 +920,10 @@ async fn rewrite(
             namespace: g.namespace.clone(),
             name: name.to_owned(),
         };
-        let read = read_now(c, object, 0).await.map_err(status_error)?;
+        let about = About::object(kind, &g.namespace, name);
+        let read = read_now(c, object, 0)
+            .await
+            .map_err(|status| status_error_about(status, Some(&about)))?;
         let mut doc = object_json(&read, kind, name)?;
         change(&mut doc)?;
         let written = c
@@ -686,7 +944,7 @@ async fn rewrite(
             Err(status) if status.code() == tonic::Code::Aborted && attempt < REWRITE_ATTEMPTS => {
                 continue;
             }
-            Err(status) => return Err(status_error(status)),
+            Err(status) => return Err(status_error_about(status, Some(&about))),
         };
         let obj = r.object.unwrap_or_default();
         let mut out = std::io::stdout().lock();
@@ -908,7 +1166,10 @@ async fn wait_until(
         let object = match read_now(c, object, seen).await {
             Ok(object) => Some(object),
             Err(status) if status.code() == tonic::Code::NotFound => None,
-            Err(status) => return Err(status_error(status)),
+            Err(status) => {
+                let about = About::object(&a.kind, &g.namespace, &a.name);
+                return Err(status_error_about(status, Some(&about)));
+            }
         };
         let doc = match &object {
             Some(o) => Some(object_json(o, &a.kind, &a.name)?),
@@ -970,7 +1231,13 @@ pub async fn lifecycle(
         Verb::Stop => (c.lifecycle.stop(req).await, "stop requested"),
         Verb::Restart => (c.lifecycle.restart(req).await, "restart requested"),
     };
-    let resp = resp.map_err(status_error)?.into_inner();
+    let about = About {
+        verb: Some(verb),
+        ..About::object("vm", &g.namespace, &a.name)
+    };
+    let resp = resp
+        .map_err(|status| status_error_about(status, Some(&about)))?
+        .into_inner();
     if resp.outcome == "unchanged" {
         println!("virtualmachine/{} unchanged", a.name);
     } else {
@@ -1015,9 +1282,12 @@ pub async fn expand(c: &mut Clients, g: &GlobalArgs, a: &ExpandArgs) -> anyhow::
             namespace: g.namespace.clone(),
         })
         .await
-        .map_err(|status| match &unit {
-            Some(unit) => status_error(located(status, unit, &g.namespace)),
-            None => status_error(status),
+        .map_err(|status| match (&unit, &a.kind, &a.name) {
+            (Some(unit), _, _) => status_error(located(status, unit, &g.namespace)),
+            (None, Some(kind), Some(name)) => {
+                status_error_about(status, Some(&About::object(kind, &g.namespace, name)))
+            }
+            (None, _, _) => status_error(status),
         })?
         .into_inner();
     let value: serde_json::Value =
@@ -1039,7 +1309,9 @@ pub async fn history(c: &mut Clients, g: &GlobalArgs, a: &HistoryArgs) -> anyhow
             min_position: 0,
         })
         .await
-        .map_err(status_error)?
+        .map_err(|status| {
+            status_error_about(status, Some(&About::object(&a.kind, &g.namespace, &a.name)))
+        })?
         .into_inner();
     let mut out = std::io::stdout().lock();
     print::history(&mut out, g.output, &resp.revisions)
@@ -1060,7 +1332,10 @@ pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyh
         namespace: g.namespace.clone(),
         name: a.name.clone(),
     };
-    let obj = read_now(c, object.clone(), 0).await.map_err(status_error)?;
+    let about = About::object(&a.kind, &g.namespace, &a.name);
+    let obj = read_now(c, object.clone(), 0)
+        .await
+        .map_err(|status| status_error_about(status, Some(&about)))?;
     let history = c
         .history
         .history(pb::HistoryRequest {
@@ -1069,7 +1344,7 @@ pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyh
             min_position: obj.resource_version,
         })
         .await
-        .map_err(status_error)?
+        .map_err(|status| status_error_about(status, Some(&about)))?
         .into_inner();
     let mut out = std::io::stdout().lock();
     print::describe(&mut out, &obj, &history.revisions, a.events)
@@ -1080,25 +1355,54 @@ fn is_table(output: Option<Output>) -> bool {
     matches!(output, None | Some(Output::Table | Output::Wide))
 }
 
-/// `diff`: returns whether the revisions differ.
+/// `diff`: returns whether the revisions differ. With `-o json|yaml`, one object `{from, to,
+/// equal, diff}` (the unified diff as text, empty when equal) instead of the diff itself.
 pub async fn diff(c: &mut Clients, g: &GlobalArgs, a: &DiffArgs) -> anyhow::Result<bool> {
+    let about = About::object(&a.kind, &g.namespace, &a.name);
+    let object = pb::ObjectRef {
+        kind: a.kind.clone(),
+        namespace: g.namespace.clone(),
+        name: a.name.clone(),
+    };
+    let structured = matches!(g.output, Some(Output::Json | Output::Yaml));
+    // The object says which revision it compared to: the current one is read first, and
+    // asked for by number, so the two cannot differ.
+    let to = match a.to {
+        None if structured => c
+            .history
+            .history(pb::HistoryRequest {
+                r#ref: Some(object.clone()),
+                min_position: 0,
+            })
+            .await
+            .map_err(|status| status_error_about(status, Some(&about)))?
+            .into_inner()
+            .revisions
+            .last()
+            .map(|r| r.revision),
+        to => to,
+    };
     let resp = c
         .history
         .diff(pb::DiffRequest {
-            r#ref: Some(pb::ObjectRef {
-                kind: a.kind.clone(),
-                namespace: g.namespace.clone(),
-                name: a.name.clone(),
-            }),
+            r#ref: Some(object),
             from_revision: a.from,
-            to_revision: a.to,
+            to_revision: to,
         })
         .await
-        .map_err(status_error)?
+        .map_err(|status| status_error_about(status, Some(&about)))?
         .into_inner();
-    if !resp.equal {
+    let mut out = std::io::stdout().lock();
+    if let (Some(format), true) = (g.output, structured) {
+        let value = serde_json::json!({
+            "from": a.from,
+            "to": to,
+            "equal": resp.equal,
+            "diff": resp.unified_diff,
+        });
+        print::value(&mut out, format, &value)?;
+    } else if !resp.equal {
         let color = std::io::stdout().is_terminal();
-        let mut out = std::io::stdout().lock();
         print::unified_diff(&mut out, &resp.unified_diff, color)?;
     }
     Ok(!resp.equal)
@@ -1191,6 +1495,67 @@ fn name_suffix() -> String {
     id[..5].to_owned()
 }
 
+/// A shorthand's source (the VM to snapshot or clone, the snapshot to restore) that does not
+/// exist: refused before anything is created.
+#[derive(Debug, thiserror::Error)]
+pub struct SourceNotFound {
+    /// The source's kind.
+    pub kind: Kind,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::fmt::Display for SourceNotFound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, namespace) = (self.kind, self.namespace.as_str());
+        write!(
+            f,
+            "{} not found: nothing was created",
+            object_title(kind, namespace, &self.name)
+        )?;
+        match kind_names(kind) {
+            Some((_, many, noun)) => write!(
+                f,
+                " (list the {noun} with `vmplane get {many}{}`)",
+                namespace_flag(kind, namespace)
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Reads a shorthand's source with `Get` before the shorthand creates anything: a source that
+/// does not exist is [`SourceNotFound`] (a manifest applied with `apply -f` is not checked:
+/// KubeVirt accepts a snapshot, restore or clone of a missing source, which then fails).
+async fn require_source(
+    c: &mut Clients,
+    g: &GlobalArgs,
+    kind: Kind,
+    name: &str,
+) -> anyhow::Result<()> {
+    let cli_kind = kind_names(kind).map_or(kind.as_str(), |(one, _, _)| one);
+    let object = pb::ObjectRef {
+        kind: cli_kind.to_owned(),
+        namespace: g.namespace.clone(),
+        name: name.to_owned(),
+    };
+    match read_now(c, object, 0).await {
+        Ok(_) => Ok(()),
+        Err(status) if status.code() == tonic::Code::NotFound => Err(SourceNotFound {
+            kind,
+            namespace: g.namespace.clone(),
+            name: name.to_owned(),
+        }
+        .into()),
+        Err(status) => Err(status_error_about(
+            status,
+            Some(&About::object(cli_kind, &g.namespace, name)),
+        )),
+    }
+}
+
 /// Applies one generated snapshot/restore/clone manifest (the server runs its saga) and prints
 /// `KIND/NAME OUTCOME (STATE)`; a saga that ended `Failed` is the command's error.
 async fn apply_saga(
@@ -1254,6 +1619,7 @@ pub async fn snapshot(
     g: &GlobalArgs,
     a: &crate::cli::SnapshotArgs,
 ) -> anyhow::Result<()> {
+    require_source(c, g, Kind::VirtualMachine, &a.name).await?;
     let manifest = serde_json::json!({
         "apiVersion": "snapshot.kubevirt.io/v1beta1",
         "kind": "VirtualMachineSnapshot",
@@ -1269,6 +1635,7 @@ pub async fn restore(
     g: &GlobalArgs,
     a: &crate::cli::RestoreArgs,
 ) -> anyhow::Result<()> {
+    require_source(c, g, Kind::VirtualMachineSnapshot, &a.snapshot).await?;
     let target = a.as_name.clone().unwrap_or_else(|| a.name.clone());
     let name = a
         .restore_name
@@ -1292,6 +1659,7 @@ pub async fn clone_vm(
     g: &GlobalArgs,
     a: &crate::cli::CloneArgs,
 ) -> anyhow::Result<()> {
+    require_source(c, g, Kind::VirtualMachine, &a.name).await?;
     let name = a
         .clone_name
         .clone()
@@ -1306,4 +1674,168 @@ pub async fn clone_vm(
         },
     });
     apply_saga(c, g, manifest).await
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::{Code, Status};
+
+    use super::{About, SourceNotFound, Verb, status_error, status_error_about};
+    use vmplane_core::types::Kind;
+
+    fn line(status: Status, about: Option<&About<'_>>) -> String {
+        status_error_about(status, about).to_string()
+    }
+
+    #[test]
+    fn a_hint_follows_the_servers_words_unchanged() {
+        let about = About::object("vm", "team-a", "ghost");
+        assert_eq!(
+            line(
+                Status::not_found("VirtualMachine team-a/ghost not found"),
+                Some(&about)
+            ),
+            "not found: VirtualMachine team-a/ghost not found (list the VMs with `vmplane get \
+             vms -n team-a`)"
+        );
+        // Cluster-wide kinds are listed without -n.
+        let about = About::object("clusterpreference", "team-a", "p");
+        assert_eq!(
+            line(
+                Status::not_found(
+                    "VirtualMachineClusterPreference p: metadata.name: \"p\" not found"
+                ),
+                Some(&about)
+            ),
+            "not found: VirtualMachineClusterPreference p: metadata.name: \"p\" not found (list \
+             the cluster preferences with `vmplane get clusterpreferences`)"
+        );
+        // Without an object, no NotFound hint: the command named none.
+        assert_eq!(
+            status_error(Status::not_found("VirtualMachine a/b not found")).to_string(),
+            "not found: VirtualMachine a/b not found"
+        );
+    }
+
+    #[test]
+    fn a_missing_reference_or_revision_is_not_hinted_as_a_missing_object() {
+        let about = About::object("vm", "default", "demo");
+        let reference = Status::not_found(
+            "VirtualMachine default/demo: spec.instancetype.name: \
+             virtualmachineinstancetypes.instancetype.kubevirt.io \"big\" not found",
+        );
+        assert_eq!(
+            line(reference.clone(), Some(&about)),
+            format!("not found: {}", reference.message())
+        );
+        for message in [
+            "VirtualMachine default/demo: vm/default/demo revision 7 not found",
+            "VirtualMachine default/demo not found at revision 7",
+        ] {
+            assert!(
+                line(Status::not_found(message), Some(&about))
+                    .ends_with(" (`vmplane history vm demo -n default` lists its revisions)"),
+                "{message}"
+            );
+        }
+        let then = About {
+            then: Some("--at-position 3".into()),
+            ..about.clone()
+        };
+        assert!(
+            line(
+                Status::not_found("VirtualMachine default/demo not found at position 3"),
+                Some(&then)
+            )
+            .ends_with(
+                "(list the VMs at that point with `vmplane get vms -n default --at-position 3`)"
+            )
+        );
+    }
+
+    #[test]
+    fn a_lifecycle_refusal_names_the_command_to_run_next() {
+        let verb = |verb| About {
+            verb: Some(verb),
+            ..About::object("vm", "ns", "demo")
+        };
+        assert_eq!(
+            line(
+                Status::failed_precondition("VirtualMachine ns/demo: VM is already running"),
+                Some(&verb(Verb::Start))
+            ),
+            "refused: VirtualMachine ns/demo: VM is already running (`vmplane get vm demo -n \
+             ns` shows its status; `vmplane restart demo -n ns` restarts it)"
+        );
+        assert!(
+            line(
+                Status::failed_precondition("VirtualMachine ns/demo: VM is not running"),
+                Some(&verb(Verb::Stop))
+            )
+            .ends_with("(`vmplane start demo -n ns` starts it; `vmplane get vm demo -n ns` shows its status)")
+        );
+        assert!(
+            line(
+                Status::failed_precondition(
+                    "VirtualMachine ns/demo: Halted does not support manual restart requests"
+                ),
+                Some(&verb(Verb::Restart))
+            )
+            .ends_with("(`vmplane get vm demo -n ns` shows its status and run strategy)")
+        );
+        // A disabled feature gate, wherever it is met.
+        let mut gate = Status::failed_precondition(
+            "VirtualMachineSnapshot default/s: Snapshot feature gate is not enabled",
+        );
+        gate.metadata_mut().insert(
+            crate::status::REASONS_KEY,
+            "FEATURE_NOT_ENABLED".parse().expect("ascii"),
+        );
+        assert!(line(gate, None).ends_with("an admin enables one in the KubeVirt configuration)"));
+    }
+
+    #[test]
+    fn a_refused_token_or_role_says_what_to_check() {
+        assert_eq!(
+            line(
+                Status::unauthenticated("the bearer token is not valid"),
+                None
+            ),
+            "unauthenticated: the bearer token is not valid (check the token given with --token \
+             or VMPLANE_TOKEN)"
+        );
+        // The server's message says it already: once.
+        let said = line(
+            Status::unauthenticated("no bearer token: pass --token or VMPLANE_TOKEN"),
+            None,
+        );
+        assert_eq!(said.matches("--token").count(), 1, "{said}");
+        // vmplane's server names the role to ask for: its words end the line.
+        let denied = "principal alice may not read VirtualMachine objects in namespace b: ask \
+                      an admin for the view or edit role in namespace b";
+        assert!(line(Status::permission_denied(denied), None).ends_with(denied));
+        assert!(
+            line(Status::permission_denied("denied"), None)
+                .ends_with("ask an admin for one, or check --token or VMPLANE_TOKEN)")
+        );
+        let conflict = Status::new(Code::Aborted, "VirtualMachine d/x: expected generation 1");
+        assert!(
+            line(conflict, Some(&About::object("vm", "d", "x")))
+                .ends_with("(re-read it with `vmplane get vm x -n d`, then retry)")
+        );
+    }
+
+    #[test]
+    fn a_missing_source_says_nothing_was_created() {
+        let missing = SourceNotFound {
+            kind: Kind::VirtualMachineSnapshot,
+            namespace: "default".into(),
+            name: "nosnap".into(),
+        };
+        assert_eq!(
+            missing.to_string(),
+            "VirtualMachineSnapshot default/nosnap not found: nothing was created (list the \
+             snapshots with `vmplane get snapshots -n default`)"
+        );
+    }
 }

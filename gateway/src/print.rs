@@ -548,7 +548,8 @@ pub fn describe(
     Ok(())
 }
 
-/// `history`: a table, or a list of `{revision, position, time, actor, events, summary}`.
+/// `history`: a table (`-o wide` adds each row's `metadata.generation`), or a list of
+/// `{revision, position, generation, time, actor, events, summary}`.
 pub fn history(
     out: &mut impl Write,
     format: Option<Output>,
@@ -556,32 +557,47 @@ pub fn history(
 ) -> anyhow::Result<()> {
     match format {
         None | Some(Output::Table | Output::Wide) => {
+            let wide = format == Some(Output::Wide);
             let rows: Vec<Vec<String>> = revisions
                 .iter()
                 .map(|r| {
-                    vec![
-                        r.revision.to_string(),
+                    let mut row = vec![r.revision.to_string()];
+                    if wide {
+                        row.push(r.generation.to_string());
+                    }
+                    row.extend([
                         r.position.to_string(),
                         r.time.clone(),
                         r.actor.clone(),
                         r.events.join(","),
                         r.summary.clone(),
-                    ]
+                    ]);
+                    row
                 })
                 .collect();
-            table(
-                out,
-                &["REVISION", "POSITION", "TIME", "ACTOR", "EVENTS", "SUMMARY"],
-                &rows,
-            )?;
+            let headers: &[&str] = if wide {
+                &[
+                    "REVISION",
+                    "GENERATION",
+                    "POSITION",
+                    "TIME",
+                    "ACTOR",
+                    "EVENTS",
+                    "SUMMARY",
+                ]
+            } else {
+                &["REVISION", "POSITION", "TIME", "ACTOR", "EVENTS", "SUMMARY"]
+            };
+            table(out, headers, &rows)?;
         }
         Some(f) => {
             let list: Vec<serde_json::Value> = revisions
                 .iter()
                 .map(|r| {
                     serde_json::json!({
-                        "revision": r.revision, "position": r.position, "time": r.time,
-                        "actor": r.actor, "events": r.events, "summary": r.summary,
+                        "revision": r.revision, "position": r.position,
+                        "generation": r.generation, "time": r.time, "actor": r.actor,
+                        "events": r.events, "summary": r.summary,
                     })
                 })
                 .collect();
@@ -1146,6 +1162,7 @@ mod tests {
         let revision = |n: u64, event: &str| pb::Revision {
             revision: n,
             position: n,
+            generation: 1,
             time: "2026-11-22T12:00:00Z".into(),
             actor: "alice".into(),
             events: vec![event.into()],

@@ -9,7 +9,7 @@ use vmplane_core::types::Kind;
 use vmplane_store::{Direction, Position, Timestamp};
 
 use crate::error::{Error, Result};
-use crate::model::{decode, parse_stream, rfc3339_nanos, stream_of};
+use crate::model::{AggState, decode, parse_stream, rfc3339_nanos, stream_of};
 use crate::projections::{At, Projections};
 
 /// One revision of an object: the events one command appended (they share a correlation id
@@ -20,6 +20,11 @@ pub struct HistoryEntry {
     pub revision: u64,
     /// The position of the last of them.
     pub position: u64,
+    /// The object's `metadata.generation` after them. It counts the object's own changes
+    /// (creation, edits, run-strategy changes), as Kubernetes' does; the stream revision also
+    /// counts every other event of the stream (start and stop requests, the VMI's lifecycle
+    /// in a VM's stream), so the two part as soon as a VM is started.
+    pub generation: u64,
     /// When they were recorded (RFC 3339, UTC).
     pub time: String,
     /// Who caused them.
@@ -97,17 +102,21 @@ impl Projections {
         let mut out: Vec<HistoryEntry> = Vec::new();
         let mut last_correlation = None;
         let mut from = 1;
+        // The object folded along, for each row's generation.
+        let mut state = AggState::empty(kind);
         loop {
             let events = log.read_stream(&stream, from, Direction::Forward, read_max)?;
             let Some(last) = events.last() else { break };
             from = last.revision + 1;
             for event in &events {
                 let decoded = decode(&event.as_ref())?;
+                state.evolve(&decoded);
                 let same = last_correlation == Some(event.correlation_id)
                     && out.last().is_some_and(|h| h.actor == event.actor);
                 if same && let Some(h) = out.last_mut() {
                     h.revision = event.revision;
                     h.position = event.position.0;
+                    h.generation = state.generation();
                     h.events.push(event.event_type.clone());
                     h.summary.push_str("; ");
                     h.summary.push_str(&decoded.summary());
@@ -115,6 +124,7 @@ impl Projections {
                     out.push(HistoryEntry {
                         revision: event.revision,
                         position: event.position.0,
+                        generation: state.generation(),
                         time: rfc3339_nanos(event.recorded_at.0),
                         actor: event.actor.clone(),
                         events: vec![event.event_type.clone()],

@@ -644,8 +644,21 @@ fn history_diff_and_audit() {
     assert_eq!(history[1].summary, "spec edited");
     assert_eq!(history[2].actor, "bob");
     assert!(history.windows(2).all(|w| w[0].revision < w[1].revision));
+    // The generation counts the object's changes, not the start request (runStrategy
+    // Manual: a start changes nothing of the object): revision 3 is still generation 2.
+    let revisions_and_generations: Vec<(u64, u64)> =
+        history.iter().map(|h| (h.revision, h.generation)).collect();
+    assert_eq!(revisions_and_generations, [(1, 1), (2, 2), (3, 2)]);
     let json = serde_json::to_value(&history[1]).expect("json");
-    for key in ["revision", "position", "time", "actor", "events", "summary"] {
+    for key in [
+        "revision",
+        "position",
+        "generation",
+        "time",
+        "actor",
+        "events",
+        "summary",
+    ] {
         assert!(json.get(key).is_some(), "{key}");
     }
 

@@ -537,3 +537,211 @@ fn a_usage_error_does_not_list_the_server_flag_the_environment_set() {
         "{line}"
     );
 }
+
+#[test]
+fn an_error_about_a_named_object_ends_with_what_to_do_next_after_the_servers_words() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-hints";
+    apply_stdin(&vmplane, &example("vm.yaml"), &["-n", ns]);
+    apply_stdin(&vmplane, &example("vm-bigger.yaml"), &["-n", ns]);
+    let list_vms = format!(" (list the VMs with `vmplane get vms -n {ns}`)");
+
+    // NotFound: the server's words first, unchanged, then how to list that kind there.
+    assert_eq!(
+        vmplane.fails(&["get", "vm", "ghost", "-n", ns]),
+        format!("vmplane: error: not found: VirtualMachine {ns}/ghost not found{list_vms}")
+    );
+    assert_eq!(
+        vmplane.fails(&["delete", "vm", "ghost", "-n", ns]),
+        format!(
+            "vmplane: error: not found: VirtualMachine {ns}/ghost: metadata.name: \
+             virtualmachines.kubevirt.io \"ghost\" not found{list_vms}"
+        )
+    );
+    for args in [
+        &["start", "ghost", "-n", ns][..],
+        &["stop", "ghost", "-n", ns],
+        &["restart", "ghost", "-n", ns],
+        &["history", "vm", "ghost", "-n", ns],
+        &["diff", "vm", "ghost", "-n", ns, "--from", "1"],
+    ] {
+        let line = vmplane.fails(args);
+        assert!(
+            line.starts_with(&format!(
+                "vmplane: error: not found: VirtualMachine {ns}/ghost"
+            )) && line.ends_with(&list_vms),
+            "{args:?}: {line}"
+        );
+    }
+    let line = vmplane.fails(&["get", "snapshot", "ghost", "-n", ns]);
+    assert!(
+        line.ends_with(&format!(
+            " (list the snapshots with `vmplane get snapshots -n {ns}`)"
+        )),
+        "{line}"
+    );
+
+    // A revision the VM never had: its history lists the ones it has.
+    let history = format!(" (`vmplane history vm demo -n {ns}` lists its revisions)");
+    for args in [
+        &["get", "vm", "demo", "-n", ns, "--revision", "7"][..],
+        &["diff", "vm", "demo", "-n", ns, "--from", "7"],
+        &["diff", "vm", "demo", "-n", ns, "--from", "1", "--to", "7"],
+    ] {
+        let line = vmplane.fails(args);
+        assert!(
+            line.contains("revision 7 not found") && line.ends_with(&history),
+            "{args:?}: {line}"
+        );
+    }
+
+    // A conflict on the expected generation: read it again, then retry.
+    let reread = format!(" (re-read it with `vmplane get vm demo -n {ns}`, then retry)");
+    let line = vmplane.fails(&[
+        "delete",
+        "vm",
+        "demo",
+        "-n",
+        ns,
+        "--expected-generation",
+        "1",
+    ]);
+    assert!(
+        line.starts_with(&format!(
+            "vmplane: error: conflict: VirtualMachine {ns}/demo: "
+        )) && line.contains("expected generation 1, actual 2")
+            && line.ends_with(&reread),
+        "{line}"
+    );
+    let (code, _, err) = apply_stdin(
+        &vmplane,
+        &example("vm.yaml"),
+        &["-n", ns, "--expected-generation", "1"],
+    );
+    assert_ne!(code, 0);
+    let line = one_error_line(&err);
+    assert!(
+        line.contains("actual 2") && line.ends_with(&reread),
+        "{line}"
+    );
+
+    // A lifecycle request the VM's state refuses: the command that would help, and where
+    // its status is.
+    for verb in ["stop", "restart"] {
+        assert_eq!(
+            vmplane.fails(&[verb, "demo", "-n", ns]),
+            format!(
+                "vmplane: error: refused: VirtualMachine {ns}/demo: VM is not running \
+                 (`vmplane start demo -n {ns}` starts it; `vmplane get vm demo -n {ns}` shows \
+                 its status)"
+            ),
+            "{verb}"
+        );
+    }
+}
+
+/// Runs `vmplane ARGS...` as [`vmplane_tests::run_cli`] does, killing it after 30 s (a server
+/// that should have refused to start, and did not).
+fn run_briefly(args: &[&str]) -> (i32, String) {
+    let mut child = std::process::Command::new(vmplane_tests::vmplane_bin())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run vmplane");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("vmplane {args:?} still runs after 30 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("wait for vmplane");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn serve_with_an_unreadable_auth_file_names_it_with_its_cause_said_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("absent-auth.yaml");
+    let data = dir.path().join("data");
+    let (code, err) = run_briefly(&[
+        "serve",
+        "--auth",
+        missing.to_str().expect("utf-8 path"),
+        "--data",
+        data.to_str().expect("utf-8 path"),
+        "--listen",
+        "127.0.0.1:0",
+        "--hypervisor",
+        "none",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    let line = one_error_line(&err);
+    assert!(
+        line.contains(&format!("--auth: cannot read {}", missing.display())),
+        "{line}"
+    );
+    assert_eq!(
+        line.matches("No such file or directory").count(),
+        1,
+        "the cause once: {line}"
+    );
+    assert!(!data.exists(), "nothing was opened");
+}
+
+#[test]
+fn diff_with_output_json_or_yaml_prints_one_object_and_keeps_its_exit_status() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-diff-json";
+    apply_stdin(&vmplane, &example("vm.yaml"), &["-n", ns]);
+    apply_stdin(&vmplane, &example("vm-bigger.yaml"), &["-n", ns]);
+
+    // Different: exit 1, the unified diff inside the object, `to` the current revision.
+    let (code, out, err) =
+        vmplane.run(&["diff", "vm", "demo", "-n", ns, "--from", "1", "-o", "json"]);
+    assert_eq!(code, 1, "{err}");
+    let diff: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        (&diff["from"], &diff["to"], &diff["equal"]),
+        (&Value::from(1), &Value::from(2), &Value::from(false)),
+        "{diff:#}"
+    );
+    let text = diff["diff"].as_str().expect("the diff as text");
+    assert!(
+        text.starts_with("--- revision 1\n+++ revision 2\n")
+            && text.contains("\n-        cores: 1\n+        cores: 2\n"),
+        "{text}"
+    );
+    // The same text the table output prints.
+    let (code, plain, _) = vmplane.run(&["diff", "vm", "demo", "-n", ns, "--from", "1"]);
+    assert_eq!((code, plain.as_str()), (1, text));
+
+    // Equal: exit 0, an empty diff.
+    let (code, out, err) =
+        vmplane.run(&["diff", "vm", "demo", "-n", ns, "--from", "2", "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let diff: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        diff,
+        serde_json::json!({"from": 2, "to": 2, "equal": true, "diff": ""})
+    );
+
+    // YAML, with --to.
+    let (code, out, err) = vmplane.run(&[
+        "diff", "vm", "demo", "-n", ns, "--from", "1", "--to", "2", "-o", "yaml",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let diff: Value = serde_yaml::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        (&diff["to"], &diff["equal"]),
+        (&Value::from(2), &Value::from(false))
+    );
+    assert_eq!(diff["diff"], text);
+}

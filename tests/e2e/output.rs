@@ -117,6 +117,73 @@ fn objects_and_lists_come_out_in_kubevirts_shape() {
 }
 
 #[test]
+fn history_gives_each_revision_the_generation_get_shows_at_that_revision() {
+    let server = shared_server();
+    let vmplane = Cli::new(server);
+    let ns = "output-generation";
+    let example = |f: &str| {
+        let path = repo_root().join("examples").join(f);
+        path.to_str().expect("utf-8").to_owned()
+    };
+    // runStrategy Manual: the start is a revision of the VM's stream, not a change of the
+    // object, so the edit after it is generation 2 at a later revision.
+    vmplane.ok(&["apply", "-f", &example("vm.yaml"), "-n", ns]);
+    vmplane.ok(&["start", "demo", "-n", ns]);
+    vmplane.ok(&["apply", "-f", &example("vm-bigger.yaml"), "-n", ns]);
+
+    let history = json(&vmplane.ok(&["history", "vm", "demo", "-n", ns, "-o", "json"]));
+    let rows = history.as_array().expect("a list");
+    assert_eq!(rows[0]["generation"], 1);
+    assert_eq!(rows[1]["events"][0], "VmStartRequested");
+    assert_eq!(
+        (&rows[1]["revision"], &rows[1]["generation"]),
+        (&2.into(), &1.into())
+    );
+    let edit = rows
+        .iter()
+        .find(|r| r["events"][0] == "VmSpecEdited")
+        .expect("the edit's row");
+    assert_eq!(edit["generation"], 2);
+    assert!(edit["revision"].as_u64() > Some(2), "{edit}");
+    for row in rows {
+        let revision = row["revision"].as_u64().expect("revision").to_string();
+        let then = json(&vmplane.ok(&[
+            "get",
+            "vm",
+            "demo",
+            "-n",
+            ns,
+            "--revision",
+            &revision,
+            "-o",
+            "json",
+        ]));
+        assert_eq!(
+            then["metadata"]["generation"], row["generation"],
+            "at revision {revision}"
+        );
+    }
+
+    // The table shows it with -o wide, and keeps its columns without.
+    let wide = vmplane.ok(&["history", "vm", "demo", "-n", ns, "-o", "wide"]);
+    let header: Vec<&str> = wide
+        .lines()
+        .next()
+        .expect("header")
+        .split_whitespace()
+        .collect();
+    assert_eq!(&header[..3], ["REVISION", "GENERATION", "POSITION"]);
+    let table = vmplane.ok(&["history", "vm", "demo", "-n", ns]);
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .expect("header")
+        .split_whitespace()
+        .collect();
+    assert_eq!(&header[..2], ["REVISION", "POSITION"]);
+}
+
+#[test]
 fn history_audit_and_watch_json_have_the_documented_fields() {
     let server = shared_server();
     let vmplane = Cli::new(server);
@@ -130,10 +197,17 @@ fn history_audit_and_watch_json_have_the_documented_fields() {
         assert_eq!(
             keys(r),
             sorted(vec![
-                "revision", "position", "time", "actor", "events", "summary"
+                "revision",
+                "position",
+                "generation",
+                "time",
+                "actor",
+                "events",
+                "summary"
             ])
         );
         assert_eq!(r["revision"], i as u64 + 1);
+        assert_eq!(r["generation"], i as u64 + 1);
         assert!(r["position"].is_u64());
         chrono::DateTime::parse_from_rfc3339(r["time"].as_str().expect("time")).expect("RFC 3339");
         assert_eq!(r["actor"], "local");

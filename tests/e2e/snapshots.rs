@@ -329,3 +329,98 @@ fn an_unfinished_restore_resumes_after_a_restart() {
     });
     assert_eq!(cores(&get(&cli, "vm", "demo")), 1);
 }
+
+/// The `items` of `get KIND -n NS -o json`.
+fn items(cli: &Cli, kind: &str, ns: &str) -> Vec<Value> {
+    let list: Value =
+        serde_json::from_str(&cli.ok(&["get", kind, "-n", ns, "-o", "json"])).expect("list JSON");
+    list["items"].as_array().expect("items").clone()
+}
+
+#[test]
+fn a_shorthand_whose_source_is_missing_creates_nothing_and_says_what_to_do() {
+    let cli = Cli::new(crate::shared_server());
+    let ns = "snapshots-missing-source";
+    cli.ok(&["apply", "-f", &example("vm.yaml"), "-n", ns]);
+    let no_vm = format!(
+        "vmplane: error: VirtualMachine {ns}/nope not found: nothing was created (list the VMs \
+         with `vmplane get vms -n {ns}`)"
+    );
+    let no_snapshot = format!(
+        "vmplane: error: VirtualMachineSnapshot {ns}/nosnap not found: nothing was created (list \
+         the snapshots with `vmplane get snapshots -n {ns}`)"
+    );
+    for (args, said) in [
+        (&["snapshot", "nope", "s9"][..], &no_vm),
+        (&["clone", "nope", "x"], &no_vm),
+        // Again: no new randomly named clone object either.
+        (&["clone", "nope", "x"], &no_vm),
+        (&["clone", "nope", "x", "--clone-name", "c9"], &no_vm),
+        (&["restore", "demo", "--snapshot", "nosnap"], &no_snapshot),
+        (
+            &["restore", "demo", "--snapshot", "nosnap", "--as", "copy"],
+            &no_snapshot,
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().copied().chain(["-n", ns]).collect();
+        let (code, out, err) = cli.run(&args);
+        assert_eq!((code, out.as_str()), (2, ""), "{args:?}: {err}");
+        assert_eq!(vmplane_tests::one_error_line(&err), *said, "{args:?}");
+    }
+    for kind in ["snapshots", "restores", "clones"] {
+        assert_eq!(items(&cli, kind, ns), Vec::<Value>::new(), "{kind}");
+    }
+    let vms: Vec<Value> = items(&cli, "vms", ns);
+    assert_eq!(vms.len(), 1, "no VM was created: {vms:#?}");
+    // Not one event but the VM's creation.
+    let audit: Value =
+        serde_json::from_str(&cli.ok(&["audit", "-n", ns, "-o", "json"])).expect("audit JSON");
+    let kinds: Vec<&Value> = audit
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|e| &e["kind"])
+        .collect();
+    assert!(kinds.iter().all(|k| *k == "VirtualMachine"), "{audit:#}");
+
+    // With their sources there, the shorthands work as before.
+    assert_eq!(
+        cli.ok(&["snapshot", "demo", "s1", "-n", ns]),
+        "virtualmachinesnapshot/s1 created (Succeeded)\n"
+    );
+    assert_eq!(
+        cli.ok(&[
+            "restore",
+            "demo",
+            "--snapshot",
+            "s1",
+            "--restore-name",
+            "r1",
+            "-n",
+            ns
+        ]),
+        "virtualmachinerestore/r1 created (Complete)\n"
+    );
+    assert_eq!(
+        cli.ok(&["clone", "demo", "demo2", "--clone-name", "c1", "-n", ns]),
+        "virtualmachineclone/c1 created (Succeeded)\n"
+    );
+
+    // A manifest is KubeVirt's to judge, not checked first: a snapshot of a missing VM is
+    // accepted, and fails.
+    let (code, out, err) = cli.run_with_stdin(
+        &["apply", "-f", "-", "-n", ns],
+        "apiVersion: snapshot.kubevirt.io/v1beta1\nkind: VirtualMachineSnapshot\nmetadata:\n  \
+         name: s-applied\nspec:\n  source:\n    apiGroup: kubevirt.io\n    kind: VirtualMachine\n    \
+         name: nope\n",
+    );
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "virtualmachinesnapshot/s-applied created\n"),
+        "{err}"
+    );
+    let applied: Value =
+        serde_json::from_str(&cli.ok(&["get", "snapshot", "s-applied", "-n", ns, "-o", "json"]))
+            .expect("snapshot JSON");
+    assert_eq!(applied["status"]["phase"], "Failed", "{applied:#}");
+}

@@ -512,3 +512,63 @@ fn a_list_in_the_past_shows_the_objects_as_they_were_then_in_any_page_size() {
     let line = cli.fails(&["get", "vms", ns[0], ns[1], "--at-position", "999999"]);
     assert!(line.contains("past the log's head"), "{line}");
 }
+
+#[test]
+fn a_watch_from_a_position_past_the_head_is_refused_naming_the_head_and_one_at_the_head_waits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let vmplane = Cli::new(&server);
+    let (code, _, err) = vmplane.run_with_stdin(&["apply", "-f", "-"], &vm("ahead", 128));
+    assert_eq!(code, 0, "{err}");
+    let rt = rt();
+    let at = rt.block_on(head(&server));
+
+    // Past the head: refused once the server has waited (3 s) for its head to get there,
+    // never a silent wait; the message names the field and the head.
+    let status = rt.block_on(async {
+        let mut client = WatchClient::new(channel(&server).await);
+        let watch = client.watch(pb::WatchRequest {
+            kind: String::new(),
+            namespace: String::new(),
+            all_namespaces: true,
+            from_position: Some(at + 1),
+        });
+        tokio::time::timeout(Duration::from_secs(20), watch)
+            .await
+            .expect("an answer, not a silent wait")
+            .expect_err("one past the head")
+    });
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let err = vmplane.fails(&["watch", "-A", "--from-position", &(at + 1000).to_string()]);
+    assert!(err.contains("from_position"), "{err}");
+    assert!(err.contains(&format!("past the log's head {at}")), "{err}");
+
+    // At the head: accepted, and the next event is delivered.
+    rt.block_on(async {
+        let mut stream = WatchClient::new(channel(&server).await)
+            .watch(pb::WatchRequest {
+                kind: String::new(),
+                namespace: String::new(),
+                all_namespaces: true,
+                from_position: Some(at),
+            })
+            .await
+            .expect("a watch from the head")
+            .into_inner();
+        let applied = ObjectsClient::new(channel(&server).await)
+            .apply(pb::ApplyRequest {
+                manifest: vm("next", 128),
+                namespace: "default".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("apply")
+            .into_inner();
+        let ev = tokio::time::timeout(Duration::from_millis(WATCH_CATCH_UP_MS), stream.message())
+            .await
+            .expect("the next event arrives")
+            .expect("stream")
+            .expect("an event");
+        assert_eq!(ev.position, applied.position);
+    });
+}
