@@ -485,6 +485,53 @@ fn ids_committed_through_one_server_are_replayed_or_refused_by_another() {
     assert_eq!(ids.len() as u64, total, "no event twice");
 }
 
+/// `verify` of a log being written to (another server appending, or an append whose answer
+/// was lost committing late) checks everything up to the head it read first: the events that
+/// commit meanwhile, each with the head that covers it, are not damage.
+#[test]
+fn verify_while_appends_commit_checks_up_to_the_head_it_read() {
+    let cluster = support::cluster();
+    let options = cluster.options(&support::namespace("verify-live"));
+    let log = Arc::new(EtcdLog::open(options).expect("open"));
+    let before = 200u64;
+    for i in 0..before {
+        log.append(AppendRequest::new(
+            format!("s/{}", i % 7),
+            ExpectedRevision::Any,
+            vec![event(b"before")],
+        ))
+        .expect("append");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (log, stop) = (Arc::clone(&log), Arc::clone(&stop));
+        thread::spawn(move || {
+            let mut appended = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                log.append(AppendRequest::new(
+                    "live",
+                    ExpectedRevision::Any,
+                    vec![event(b"during")],
+                ))
+                .expect("append while verifying");
+                appended += 1;
+            }
+            appended
+        })
+    };
+    for _ in 0..5 {
+        let report = log.verify(&accept_all).expect("a live log verifies");
+        assert!(report.events >= before, "{report:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let during = writer.join().expect("writer");
+    assert!(during > 0, "appends went on while verifying");
+    assert_eq!(
+        log.verify(&accept_all).expect("verify").events,
+        before + during
+    );
+}
+
 /// Compacting etcd's history (as Kubernetes' apiserver does every 5 minutes) removes nothing
 /// the log needs: reads, verify, a new server's open and its head watch all still work.
 #[test]
