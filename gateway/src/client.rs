@@ -455,6 +455,10 @@ pub async fn apply(
         mut failures,
     } = objects_of(g, &a.file, a.recursive)?;
     let mut out = std::io::stdout().lock();
+    // With -o json|yaml, the objects written, printed at the end: one object for a one-object
+    // input, else a `List` (kubectl's shape), at the position of the last write.
+    let mut written: Vec<pb::Object> = Vec::new();
+    let mut written_at = 0;
     for unit in units {
         let doc = unit.json();
         // Over the manifest limit: refused here, named, as the server would refuse it (past
@@ -482,9 +486,11 @@ pub async fn apply(
                 let obj = r.object.unwrap_or_default();
                 let suffix = if a.dry_run { " (dry run)" } else { "" };
                 match g.output {
-                    Some(Output::Json) | Some(Output::Yaml) | Some(Output::Name) => {
-                        print::object(&mut out, g.output, &obj)?;
+                    Some(Output::Json | Output::Yaml) => {
+                        written_at = written_at.max(r.position);
+                        written.push(obj);
                     }
+                    Some(Output::Name) => print::object(&mut out, g.output, &obj)?,
                     None | Some(Output::Table | Output::Wide) => writeln!(
                         out,
                         "{}/{} {}{suffix}",
@@ -504,6 +510,11 @@ pub async fn apply(
                 failures.push(status_error_about(status, about.as_ref()));
             }
         }
+    }
+    match written.as_slice() {
+        [] => {}
+        [one] if total == 1 => print::object(&mut out, g.output, one)?,
+        all => print::list(&mut out, g.output, all, written_at)?,
     }
     outcome(failures, total, "applied")
 }

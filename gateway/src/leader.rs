@@ -150,7 +150,11 @@ impl Drop for ReconcilerSupervisor {
 
 fn supervise(leadership: &Leadership, parts: &SupervisorParts, stop: &AtomicBool) {
     let stopping = || stop.load(Ordering::SeqCst);
-    eprintln!("vmplane: reconciler: standing by (campaigning for leadership)");
+    // An embedded log's only server leads at once: it has no one to stand by for.
+    let elected = matches!(leadership, Leadership::Etcd(_));
+    if elected {
+        eprintln!("vmplane: reconciler: standing by (campaigning for leadership)");
+    }
     while !stopping() {
         let term = match leadership.campaign(&stopping) {
             Ok(Some(term)) => term,
@@ -178,7 +182,7 @@ fn supervise(leadership: &Leadership, parts: &SupervisorParts, stop: &AtomicBool
         // Revoke this term's lease (harmless if it expired: it is this term's own lease), so a
         // standby takes over at once rather than after the TTL.
         term.end();
-        if !stopping() {
+        if !stopping() && elected {
             eprintln!("vmplane: reconciler: standing by (campaigning for leadership)");
         }
     }

@@ -161,7 +161,15 @@ impl ServerTls {
 pub fn client_endpoint(server: &str, ca_cert: Option<&Path>) -> anyhow::Result<Endpoint> {
     let endpoint = Endpoint::from_shared(with_scheme(server, ca_cert))
         .map_err(|e| anyhow::anyhow!("--server {server}: not a valid URL: {e}"))?;
-    let https = endpoint.uri().scheme_str() == Some("https");
+    let https = match endpoint.uri().scheme_str() {
+        Some("https") => true,
+        Some("http") => false,
+        other => anyhow::bail!(
+            "--server {server}: the scheme {:?} is neither http:// (plaintext) nor https:// \
+             (TLS)",
+            other.unwrap_or_default()
+        ),
+    };
     if !https {
         if let Some(ca) = ca_cert {
             anyhow::bail!(
@@ -446,6 +454,19 @@ mod tests {
             client_endpoint("http://127.0.0.1:1", Some(Path::new("ca.pem"))).expect_err("refused");
         assert!(err.to_string().contains("--ca-cert ca.pem"), "{err}");
         assert!(client_endpoint("http://127.0.0.1:1", None).is_ok());
+    }
+
+    #[test]
+    fn a_scheme_other_than_http_or_https_is_refused_naming_it() {
+        for server in ["ftp://127.0.0.1:1", "grpc://127.0.0.1:1"] {
+            let err = client_endpoint(server, None).expect_err("refused");
+            let text = err.to_string();
+            assert!(
+                text.starts_with(&format!("--server {server}: the scheme")),
+                "{text}"
+            );
+        }
+        assert!(client_endpoint("https://127.0.0.1:1", None).is_ok());
     }
 
     #[test]

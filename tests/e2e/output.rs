@@ -650,10 +650,11 @@ fn output_wide_adds_columns_to_get_and_is_the_table_elsewhere() {
     let resource_version = vm["metadata"]["resourceVersion"].as_str().expect("rv");
     assert_eq!(rows[1][0], "demo", "{table}");
     assert_eq!(rows[1].last(), Some(&resource_version), "{table}");
-    // Elsewhere `-o wide` is the table.
+    // Where there is nothing to add, `-o wide` is the table (history's adds GENERATION:
+    // `history_gives_each_revision_the_generation_get_shows_at_that_revision`).
     assert_eq!(
-        vmplane.ok(&["history", "vm", "demo", "-n", ns, "-o", "wide"]),
-        vmplane.ok(&["history", "vm", "demo", "-n", ns])
+        vmplane.ok(&["audit", "-n", ns, "-o", "wide"]),
+        vmplane.ok(&["audit", "-n", ns])
     );
 }
 

@@ -235,3 +235,53 @@ fn the_cli_asks_for_the_text_only_when_it_prints_the_object() {
     assert_eq!(printed, read);
     assert_eq!(printed["metadata"]["generation"], 1);
 }
+
+#[test]
+fn apply_with_output_json_prints_a_list_for_several_objects_and_the_object_for_one() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "views-apply-list";
+    let vm = |name: &str| {
+        format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {{name: {name}}}\n\
+             spec:\n  runStrategy: Halted\n  template:\n    spec:\n      domain: {{memory: \
+             {{guest: 64Mi}}, devices: {{}}}}\n"
+        )
+    };
+    let two = format!("{}---\n{}", vm("a"), vm("b"));
+    for format in ["json", "yaml"] {
+        let (code, out, err) =
+            vmplane.run_with_stdin(&["apply", "-f", "-", "-n", ns, "-o", format], &two);
+        assert_eq!(code, 0, "{err}");
+        let list: serde_json::Value = serde_yaml::from_str(&out).expect("one document");
+        assert_eq!(
+            (&list["apiVersion"], &list["kind"]),
+            (&"v1".into(), &"List".into())
+        );
+        let items = list["items"].as_array().expect("items");
+        let names: Vec<&str> = items
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().expect("name"))
+            .collect();
+        assert_eq!(names, ["a", "b"], "{format}");
+        // At the last write: a watch from it continues after both.
+        let newest = items
+            .iter()
+            .map(|o| {
+                o["metadata"]["resourceVersion"]
+                    .as_str()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .expect("resourceVersion")
+            })
+            .max();
+        let at = list["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok());
+        assert_eq!(at, newest, "{format}");
+    }
+    // One object in: the object out, not a list.
+    let (code, out, err) =
+        vmplane.run_with_stdin(&["apply", "-f", "-", "-n", ns, "-o", "json"], &vm("c"));
+    assert_eq!(code, 0, "{err}");
+    let one: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(one["kind"], "VirtualMachine");
+}

@@ -259,34 +259,50 @@ fn a_list_then_a_watch_from_its_resource_version_misses_nothing_and_repeats_noth
     assert_eq!(seen, want);
 
     // A live watch (no position) sees only what happens after it starts.
-    rt.block_on(async {
-        let mut stream = WatchClient::new(channel(&server).await)
-            .watch(pb::WatchRequest {
-                kind: "vm".into(),
-                namespace: "watch-live".into(),
-                all_namespaces: false,
-                from_position: None,
-            })
-            .await
-            .expect("watch")
-            .into_inner();
-        let applied = ObjectsClient::new(channel(&server).await)
-            .apply(pb::ApplyRequest {
-                manifest: vm("live", 128),
-                namespace: "watch-live".into(),
-                ..Default::default()
-            })
-            .await
-            .expect("apply")
-            .into_inner();
-        let ev = tokio::time::timeout(Duration::from_millis(WATCH_CATCH_UP_MS), stream.message())
-            .await
-            .expect("the live event arrives")
-            .expect("stream")
-            .expect("an event");
-        assert_eq!(ev.position, applied.position);
-        assert_eq!((ev.name.as_str(), ev.event.as_str()), ("live", "VmCreated"));
-    });
+    let live = pb::WatchRequest {
+        kind: "vm".into(),
+        namespace: "watch-live".into(),
+        all_namespaces: false,
+        from_position: None,
+    };
+    let (ev, applied) = rt.block_on(next_event_after_an_apply(
+        &server,
+        live,
+        "live",
+        "watch-live",
+    ));
+    assert_eq!(ev.position, applied.position);
+    assert_eq!((ev.name.as_str(), ev.event.as_str()), ("live", "VmCreated"));
+}
+
+/// Opens `watch`, then applies VM `name` in `ns`: the first event the watch delivers, and the
+/// apply's answer.
+async fn next_event_after_an_apply(
+    server: &Server,
+    watch: pb::WatchRequest,
+    name: &str,
+    ns: &str,
+) -> (pb::WatchEvent, pb::ApplyResponse) {
+    let mut stream = WatchClient::new(channel(server).await)
+        .watch(watch)
+        .await
+        .expect("watch")
+        .into_inner();
+    let applied = ObjectsClient::new(channel(server).await)
+        .apply(pb::ApplyRequest {
+            manifest: vm(name, 128),
+            namespace: ns.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("apply")
+        .into_inner();
+    let ev = tokio::time::timeout(Duration::from_millis(WATCH_CATCH_UP_MS), stream.message())
+        .await
+        .expect("the next event arrives")
+        .expect("stream")
+        .expect("an event");
+    (ev, applied)
 }
 
 /// Names and objects of a list response, for comparing lists.
@@ -544,31 +560,14 @@ fn a_watch_from_a_position_past_the_head_is_refused_naming_the_head_and_one_at_t
     assert!(err.contains(&format!("past the log's head {at}")), "{err}");
 
     // At the head: accepted, and the next event is delivered.
-    rt.block_on(async {
-        let mut stream = WatchClient::new(channel(&server).await)
-            .watch(pb::WatchRequest {
-                kind: String::new(),
-                namespace: String::new(),
-                all_namespaces: true,
-                from_position: Some(at),
-            })
-            .await
-            .expect("a watch from the head")
-            .into_inner();
-        let applied = ObjectsClient::new(channel(&server).await)
-            .apply(pb::ApplyRequest {
-                manifest: vm("next", 128),
-                namespace: "default".into(),
-                ..Default::default()
-            })
-            .await
-            .expect("apply")
-            .into_inner();
-        let ev = tokio::time::timeout(Duration::from_millis(WATCH_CATCH_UP_MS), stream.message())
-            .await
-            .expect("the next event arrives")
-            .expect("stream")
-            .expect("an event");
-        assert_eq!(ev.position, applied.position);
-    });
+    let from_head = pb::WatchRequest {
+        kind: String::new(),
+        namespace: String::new(),
+        all_namespaces: true,
+        from_position: Some(at),
+    };
+    let (ev, applied) = rt.block_on(next_event_after_an_apply(
+        &server, from_head, "next", "default",
+    ));
+    assert_eq!(ev.position, applied.position);
 }
