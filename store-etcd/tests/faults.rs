@@ -109,7 +109,8 @@ fn acked_between(record: &Mutex<Record>, from: Instant, to: Instant) -> usize {
 }
 
 /// Every acknowledged event is in the log at its position, no id is there twice, nothing that
-/// was never sent is there, and the chain verifies.
+/// was never sent is there, and the chain verifies (up to the head it read; a late commit of an
+/// append whose answer was lost may follow).
 fn check_nothing_lost(log: &EtcdLog, record: &Record) {
     let report = log.verify(&accept_all).expect("the chain verifies");
     let mut at: HashMap<Uuid, Position> = HashMap::new();
@@ -127,7 +128,14 @@ fn check_nothing_lost(log: &EtcdLog, record: &Record) {
             );
         }
     }
-    assert_eq!(after.0, report.events, "read_all reaches the verified head");
+    // An append whose answer was lost (Unavailable as the writers stopped, not retried) may
+    // commit after verify read the head: read_all then reads past it, never short of it.
+    assert!(
+        after.0 >= report.events,
+        "read_all reaches the verified head {}: {}",
+        report.events,
+        after.0
+    );
     for (id, position, _) in &record.acked {
         assert_eq!(
             at.get(id),
