@@ -640,11 +640,29 @@ impl pb::objects_server::Objects for Api {
         let reader = p.clone();
         let response = blocking(move || {
             if r.dry_run {
-                let outcome = commands
-                    .dry_run_expecting(command, expected_position)
-                    .map_err(|e| from_command(&reader, &object, e))?;
-                return Ok(Response::new(pb::ApplyResponse {
-                    object: Some(view.shape(pb::Object {
+                // The whole object as it would be stored (namespace, uid, generation, firmware
+                // UUID and serial, status), as Kubernetes' server-side dry run answers; a
+                // standalone VMI or the cluster config is rendered from the log, so for them,
+                // and in the basic view, the manifest as sent.
+                let rendered = view == View::Full
+                    && !matches!(kind, Kind::VirtualMachineInstance | Kind::KubeVirt);
+                let (outcome, written) = if rendered {
+                    let (outcome, after) = commands
+                        .dry_run_with_state(command, expected_position)
+                        .map_err(|e| from_command(&reader, &object, e))?;
+                    let written = projections
+                        .render_written(&after, kind, &namespace, &name)
+                        .map_err(|e| from_projection(&object, e))?;
+                    (outcome, written)
+                } else {
+                    let outcome = commands
+                        .dry_run_expecting(command, expected_position)
+                        .map_err(|e| from_command(&reader, &object, e))?;
+                    (outcome, None)
+                };
+                let shown = match written {
+                    Some(written) => to_pb(written),
+                    None => pb::Object {
                         kind: kind.as_str().to_string(),
                         namespace: if kind.namespaced() {
                             namespace
@@ -654,7 +672,10 @@ impl pb::objects_server::Objects for Api {
                         name,
                         json: r.manifest,
                         ..Default::default()
-                    })),
+                    },
+                };
+                return Ok(Response::new(pb::ApplyResponse {
+                    object: Some(view.shape(shown)),
                     outcome: outcome.as_str().to_string(),
                     position: projections.position().0,
                 }));

@@ -248,6 +248,7 @@ Examples:
   vmplane apply -f manifests/                 # every manifest file in manifests/
   vmplane apply -f manifests/ -R              # and in its subdirectories
   vmplane apply -f vm.yaml --dry-run          # validate server-side, change nothing
+  vmplane apply -f vm.yaml --dry-run -o yaml  # the object as it would be stored
   vmplane apply -f vm.yaml --expected-generation 3"
     )]
     Apply(ApplyArgs),
@@ -656,7 +657,8 @@ pub struct ApplyArgs {
     /// With a directory: read its subdirectories too.
     #[arg(short = 'R', long)]
     pub recursive: bool,
-    /// Validate and decide on the server, change nothing.
+    /// Validate and decide on the server, change nothing (with -o json|yaml: print each
+    /// object as it would be stored).
     #[arg(long)]
     pub dry_run: bool,
     /// Accept the update only if the object's generation is this one.

@@ -561,9 +561,42 @@ impl CommandHandler {
         command: Command,
         expected: Option<Position>,
     ) -> Result<Outcome, CommandError> {
-        let (_, decision) = self.decided(&command, expected)?;
-        // What the append would check too: the uniqueness claims (a firmware UUID another VM
-        // holds), against the holders now.
+        let (_, decision) = self.decided_and_claimable(&command, expected)?;
+        Ok(decision.outcome)
+    }
+
+    /// [`CommandHandler::dry_run_expecting`], with the state the command would leave (for an
+    /// answer that shows the object as it would be stored): folded, never appended or cached.
+    /// Its events are taken as recorded now; its position is the stream's current one (`0`
+    /// for an object not yet created), since nothing is written.
+    pub fn dry_run_with_state(
+        &self,
+        command: Command,
+        expected: Option<Position>,
+    ) -> Result<(Outcome, Snapshot), CommandError> {
+        let (snapshot, mut decision) = self.decided_and_claimable(&command, expected)?;
+        let mut after = after_decision(&snapshot, &mut decision);
+        let now_ns = chrono::Utc::now().timestamp_nanos_opt().unwrap_or(i64::MAX);
+        for event in &decision.events {
+            if matches!(
+                event,
+                Event::VmCreated(_) | Event::VmiCreated(_) | Event::ObjectCreated(_)
+            ) {
+                after.created_at_ns = Some(now_ns);
+            }
+            after.recorded_at_ns = now_ns;
+        }
+        Ok((decision.outcome, after))
+    }
+
+    /// [`CommandHandler::decided`], then what the append would check too: the uniqueness
+    /// claims (a firmware UUID another VM holds), against the holders now.
+    fn decided_and_claimable(
+        &self,
+        command: &Command,
+        expected: Option<Position>,
+    ) -> Result<(Arc<Snapshot>, Decision), CommandError> {
+        let (snapshot, decision) = self.decided(command, expected)?;
         let claims = store_claims(&decision);
         let mut holders = std::collections::HashMap::new();
         for claim in &claims {
@@ -573,7 +606,7 @@ impl CommandHandler {
         if let Err((key, holder)) = vmplane_store::log::decide_claims(&claims, &holder) {
             return Err(claim_taken(&key, &holder));
         }
-        Ok(decision.outcome)
+        Ok((snapshot, decision))
     }
 
     /// `command` decided on the current state (references resolved), nothing appended.

@@ -285,3 +285,64 @@ fn apply_with_output_json_prints_a_list_for_several_objects_and_the_object_for_o
     let one: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
     assert_eq!(one["kind"], "VirtualMachine");
 }
+
+#[test]
+fn a_dry_run_answers_with_the_object_as_it_would_be_stored_and_stores_nothing() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "views-dry-run";
+    let path = repo_root().join("examples").join("vm.yaml");
+    let vm = path.to_str().expect("utf-8");
+    let json = |text: &str| -> serde_json::Value {
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+    };
+
+    // A create: what vmplane decides is in it (namespace, uid, generation 1, the firmware UUID
+    // and serial, a status); nothing is written, so its resourceVersion is "0".
+    let created = json(&vmplane.ok(&["apply", "-f", vm, "-n", ns, "--dry-run", "-o", "json"]));
+    assert_eq!(created["metadata"]["namespace"], ns, "{created:#}");
+    assert_eq!(created["metadata"]["generation"], 1, "{created:#}");
+    assert_eq!(created["metadata"]["resourceVersion"], "0", "{created:#}");
+    assert!(created["metadata"]["uid"].is_string(), "{created:#}");
+    let firmware = &created["spec"]["template"]["spec"]["domain"]["firmware"];
+    assert!(
+        firmware["uuid"].is_string() && firmware["serial"].is_string(),
+        "{created:#}"
+    );
+    assert_eq!(
+        created["status"]["printableStatus"], "Stopped",
+        "{created:#}"
+    );
+    let (code, _, _) = vmplane.run(&["get", "vm", "demo", "-n", ns]);
+    assert_ne!(code, 0, "a dry run created the VM");
+
+    // An update: the stored object with the edit, one generation on; the stored one unchanged.
+    vmplane.ok(&["apply", "-f", vm, "-n", ns]);
+    let stored = json(&vmplane.ok(&["get", "vm", "demo", "-n", ns, "-o", "json"]));
+    let bigger = repo_root().join("examples").join("vm-bigger.yaml");
+    let edited = json(&vmplane.ok(&[
+        "apply",
+        "-f",
+        bigger.to_str().expect("utf-8"),
+        "-n",
+        ns,
+        "--dry-run",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(edited["metadata"]["uid"], stored["metadata"]["uid"]);
+    assert_eq!(edited["metadata"]["generation"], 2);
+    assert_eq!(
+        edited["spec"]["template"]["spec"]["domain"]["cpu"]["cores"], 2,
+        "{edited:#}"
+    );
+    assert_eq!(
+        edited["spec"]["template"]["spec"]["domain"]["firmware"],
+        stored["spec"]["template"]["spec"]["domain"]["firmware"],
+        "the firmware UUID is kept on an edit"
+    );
+    assert_eq!(
+        json(&vmplane.ok(&["get", "vm", "demo", "-n", ns, "-o", "json"])),
+        stored,
+        "a dry run changed the VM"
+    );
+}
