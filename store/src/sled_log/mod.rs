@@ -806,15 +806,16 @@ impl EventLog for SledLog {
 /// Opens sled, waiting a little if this process's previous handle on the same directory is still
 /// being torn down: sled 0.34 releases its file lock through deferred (epoch-based) cleanup, so a
 /// reopen right after a drop can briefly find the lock held. Public for tools and tests that open
-/// a log's sled database directly; held by another process for 5 s, it is
-/// [`Error::Unavailable`].
+/// a log's sled database directly. Held by another process (as `/proc/locks` tells), it is
+/// [`Error::Unavailable`] at once; where that cannot be told, after 5 s of waiting.
 pub fn open_sled(config: &sled::Config) -> Result<sled::Db> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match config.open() {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(err)) if err.to_string().contains("could not acquire lock") => {
-                if Instant::now() >= deadline {
+                let elsewhere = flock_held_by_another_process(&config.path.join("db"));
+                if elsewhere == Some(true) || Instant::now() >= deadline {
                     // Another process holds the directory (sled locks its `db` file).
                     return Err(Error::Unavailable {
                         reason: format!(
@@ -829,6 +830,28 @@ pub fn open_sled(config: &sled::Config) -> Result<sled::Db> {
             Err(err) => return Err(engine("opening sled")(err)),
         }
     }
+}
+
+/// Whether a `flock` on `path` is held by a process other than this one, as the kernel lists
+/// it in `/proc/locks` (`N: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF`, device
+/// numbers in hex). `None` when that cannot be told (no `/proc`, the file gone).
+pub(crate) fn flock_held_by_another_process(path: &Path) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let dev = meta.dev();
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(dev),
+        libc::minor(dev),
+        meta.ino()
+    );
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let me = std::process::id().to_string();
+    Some(locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // A waiter's line reads `N: -> FLOCK ...`; only holders count.
+        matches!(fields.as_slice(), [_, "FLOCK", _, _, pid, file, ..] if *file == id && *pid != me)
+    }))
 }
 
 /// Runs `body` against the batch value `value` stored under `first`, realigning it if needed.
@@ -883,4 +906,67 @@ fn utf8(bytes: &[u8], what: &str) -> Result<String> {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Child, Command};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A child process holding `path`'s flock (util-linux `flock`), killed on drop.
+    struct Holder(Child);
+
+    impl Drop for Holder {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn hold_in_another_process(path: &Path) -> Holder {
+        let child = Command::new("flock")
+            .arg("--exclusive")
+            .arg(path)
+            .args(["sleep", "60"])
+            .spawn()
+            .expect("util-linux flock runs");
+        let holder = Holder(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while flock_held_by_another_process(path) != Some(true) {
+            assert!(Instant::now() < deadline, "the child never took the lock");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        holder
+    }
+
+    #[test]
+    fn a_lock_this_process_holds_is_not_another_process_lock() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = open_sled(&sled::Config::new().path(dir.path())).expect("open");
+        assert_eq!(
+            flock_held_by_another_process(&dir.path().join("db")),
+            Some(false)
+        );
+        drop(db);
+    }
+
+    #[test]
+    fn a_sled_directory_another_process_holds_is_refused_at_once_naming_why() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        drop(open_sled(&sled::Config::new().path(dir.path())).expect("create"));
+        let _holder = hold_in_another_process(&dir.path().join("db"));
+        assert_eq!(
+            flock_held_by_another_process(&dir.path().join("db")),
+            Some(true)
+        );
+        match open_sled(&sled::Config::new().path(dir.path())) {
+            Err(Error::Unavailable { reason }) => {
+                assert!(reason.contains("in use by another process"), "{reason}");
+            }
+            Err(other) => panic!("expected Unavailable, got {other:?}"),
+            Ok(_) => panic!("opened a directory another process holds"),
+        }
+    }
 }
