@@ -264,6 +264,10 @@ fn from_projection(context: &str, err: vmplane_projections::Error) -> Status {
             Status::not_found(err.to_string())
         }
         E::NotFound { .. } => Status::not_found(format!("{context}: {err}")),
+        E::RevisionNotFound { .. } => status::with_reason(
+            Status::not_found(format!("{context}: {err}")),
+            status::REVISION_NOT_FOUND,
+        ),
         E::Timeout { .. } => Status::deadline_exceeded(format!("{context}: {err}")),
         E::Invalid { .. } => Status::invalid_argument(format!("{context}: {err}")),
         E::Store(e) => status::from_store(context, e),
@@ -742,8 +746,14 @@ impl pb::objects_server::Objects for Api {
                 At::Position(p) => format!(" at position {}", p.0),
                 At::Time(_) => " at that time".to_string(),
             };
-            let view =
-                view.ok_or_else(|| Status::not_found(format!("{object} not found{when}")))?;
+            let view = view.ok_or_else(|| {
+                let status = Status::not_found(format!("{object} not found{when}"));
+                if matches!(at, At::Revision(_)) {
+                    status::with_reason(status, status::REVISION_NOT_FOUND)
+                } else {
+                    status
+                }
+            })?;
             Ok(Response::new(pb::GetResponse {
                 object: Some(to_pb(view)),
                 read_position: projections.position().0,

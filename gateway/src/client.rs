@@ -199,17 +199,6 @@ fn object_title(kind: Kind, namespace: &str, name: &str) -> String {
     }
 }
 
-/// Whether a NotFound message is about a revision (`... revision 7 not found`, `... not found
-/// at revision 7`), not the object itself.
-fn revision_not_found(message: &str) -> bool {
-    let words: Vec<&str> = message.split_whitespace().collect();
-    let number = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit());
-    words.windows(4).any(|w| {
-        (w[0] == "revision" && number(w[1]) && w[2] == "not" && w[3] == "found")
-            || (w[0] == "found" && w[1] == "at" && w[2] == "revision" && number(w[3]))
-    })
-}
-
 /// A request's object, named as the server names it and as the CLI names its kind.
 struct Named<'a> {
     about: &'a About<'a>,
@@ -277,7 +266,7 @@ fn hint(status: &Status, about: Option<&About<'_>>) -> Option<String> {
             } = named?;
             // Only about the object named: a reference it holds (`spec.instancetype`) is not.
             let rest = message.strip_prefix(&title)?;
-            if revision_not_found(rest) {
+            if crate::status::has_reason(status, crate::status::REVISION_NOT_FOUND) {
                 Some(format!(
                     "`vmplane history {one} {}{ns}` lists its revisions",
                     about.name
@@ -1743,8 +1732,12 @@ mod tests {
             "VirtualMachine default/demo: vm/default/demo revision 7 not found",
             "VirtualMachine default/demo not found at revision 7",
         ] {
+            let status = crate::status::with_reason(
+                Status::not_found(message),
+                crate::status::REVISION_NOT_FOUND,
+            );
             assert!(
-                line(Status::not_found(message), Some(&about))
+                line(status, Some(&about))
                     .ends_with(" (`vmplane history vm demo -n default` lists its revisions)"),
                 "{message}"
             );

@@ -14,6 +14,30 @@ pub const REASONS_KEY: &str = "vmplane-reasons";
 /// Metadata key carrying the actual generation of a conflict.
 pub const ACTUAL_GENERATION_KEY: &str = "vmplane-actual-generation";
 
+/// The reason code of a read of an object at a revision it never had, or at which it did not
+/// live (deleted then): the object itself may exist.
+pub const REVISION_NOT_FOUND: &str = "REVISION_NOT_FOUND";
+
+/// `status` with `reason` as its stable reason code ([`REASONS_KEY`]).
+#[must_use]
+pub fn with_reason(mut status: Status, reason: &'static str) -> Status {
+    status.metadata_mut().insert(
+        REASONS_KEY,
+        tonic::metadata::MetadataValue::from_static(reason),
+    );
+    status
+}
+
+/// Whether `status` carries the stable reason code `reason`.
+#[must_use]
+pub fn has_reason(status: &Status, reason: &str) -> bool {
+    status
+        .metadata()
+        .get(REASONS_KEY)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|r| r == reason))
+}
+
 /// The gRPC code for a rejection category.
 pub fn code_for(category: Category) -> Code {
     match category {

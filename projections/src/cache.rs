@@ -165,7 +165,7 @@ impl StateCache {
 
     /// The state of `stream` (of `kind`) after exactly `revision` events: from the nearest
     /// snapshot at or below it plus the events in between, read from the log. Fails with
-    /// [`Error::NotFound`] if the stream has fewer events.
+    /// [`Error::RevisionNotFound`] if the stream has fewer events.
     pub fn state_at(
         &self,
         log: &dyn EventLog,
@@ -260,8 +260,9 @@ impl StateCache {
                 .min(read_max);
             let events = log.read_stream(stream, from, Direction::Forward, want)?;
             if events.is_empty() {
-                return Err(Error::NotFound {
-                    what: format!("{stream} revision {revision}"),
+                return Err(Error::RevisionNotFound {
+                    stream: stream.to_string(),
+                    revision,
                 });
             }
             for event in &events {

@@ -39,6 +39,15 @@ pub enum Error {
         what: String,
     },
 
+    /// The object exists, but not at the stream revision asked for (0, or past its last).
+    #[error("{stream} revision {revision} not found")]
+    RevisionNotFound {
+        /// The object's stream (`vm/default/demo`).
+        stream: String,
+        /// The revision asked for.
+        revision: u64,
+    },
+
     /// A request that cannot be answered as asked (a revision 0, a kind without objects, …).
     #[error("invalid request: {reason}")]
     Invalid {

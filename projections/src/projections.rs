@@ -783,8 +783,9 @@ impl Projections {
                 At::Current => entry.revision(),
                 At::Revision(r) => {
                     if r == 0 || r > entry.revision() {
-                        return Err(Error::NotFound {
-                            what: format!("{stream} revision {r}"),
+                        return Err(Error::RevisionNotFound {
+                            stream: stream.to_string(),
+                            revision: r,
                         });
                     }
                     r

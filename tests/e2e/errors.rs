@@ -54,6 +54,14 @@ fn grpc_apply(manifest: &str, ns: &str, expected_generation: Option<u64>) -> ton
     })
 }
 
+/// The stable reason codes a refusal carries in its metadata, for programs.
+fn reasons(status: &tonic::Status) -> Option<&str> {
+    status
+        .metadata()
+        .get("vmplane-reasons")
+        .and_then(|v| v.to_str().ok())
+}
+
 #[test]
 fn a_bad_quantity_names_the_object_and_field_in_one_line_and_appends_nothing() {
     let vmplane = Cli::new(shared_server());
@@ -71,11 +79,13 @@ fn a_bad_quantity_names_the_object_and_field_in_one_line_and_appends_nothing() {
     ] {
         assert!(line.contains(part), "{part:?} missing from {line}");
     }
+    let status = grpc_apply(&bad, ns, None);
     assert_eq!(
-        grpc_apply(&bad, ns, None).code(),
+        status.code(),
         Code::InvalidArgument,
         "InvalidArgument on the wire"
     );
+    assert_eq!(reasons(&status), Some("QUANTITY_INVALID"));
     assert!(
         audit(&vmplane, ns).is_empty(),
         "a rejection appended events"
@@ -594,6 +604,26 @@ fn an_error_about_a_named_object_ends_with_what_to_do_next_after_the_servers_wor
             "{args:?}: {line}"
         );
     }
+    // On the wire, programs are told by the reason code, not by the words.
+    let status = rt()
+        .block_on(async {
+            ObjectsClient::new(channel(shared_server()).await)
+                .get(pb::GetRequest {
+                    r#ref: Some(pb::ObjectRef {
+                        kind: "vm".into(),
+                        namespace: ns.into(),
+                        name: "demo".into(),
+                    }),
+                    at: Some(pb::PointInTime {
+                        at: Some(pb::point_in_time::At::Revision(7)),
+                    }),
+                    ..Default::default()
+                })
+                .await
+        })
+        .expect_err("revision 7 does not exist");
+    assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(reasons(&status), Some("REVISION_NOT_FOUND"));
 
     // A conflict on the expected generation: read it again, then retry.
     let reread = format!(" (re-read it with `vmplane get vm demo -n {ns}`, then retry)");
