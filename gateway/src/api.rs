@@ -53,6 +53,8 @@ pub struct Api {
     /// Set when the server is shutting down: open watches end (a server stream would
     /// otherwise hold the graceful shutdown open for as long as its client stays).
     stopping: Arc<AtomicBool>,
+    /// The log's head as it moves ([`head_signal`]), which idle watches await.
+    heads: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Api {
@@ -65,6 +67,7 @@ impl Api {
         auth: Option<Arc<Authenticator>>,
     ) -> Api {
         Api {
+            heads: head_signal(Arc::clone(&log)),
             log,
             projections,
             loads: StateLoads::new(Arc::clone(&commands)),
@@ -1286,6 +1289,160 @@ fn refuse_position_past_head(log: &dyn EventLog, from: u64, wait: Duration) -> R
     }
 }
 
+/// What a watch stream's task needs besides its [`Watch`] and its channel.
+struct Delivery {
+    log: Arc<dyn EventLog>,
+    projections: Arc<Projections>,
+    /// The namespaces its principal may read, for a watch of all namespaces (`None`: all).
+    readable: Option<Vec<String>>,
+    heads: tokio::sync::watch::Receiver<u64>,
+    stopping: Arc<AtomicBool>,
+}
+
+/// How long an idle watch sleeps at most before it looks again at the server's shutdown flag
+/// and its client (a head it missed is found then too).
+const WATCH_IDLE_TICK: Duration = Duration::from_millis(500);
+
+/// Delivers `watch`'s events to `tx` until the client goes away, the server stops or a read
+/// fails. An idle watch is an async task awaiting the log's head ([`head_signal`]) and a slow
+/// client's watch awaits room in its channel: neither holds a thread. Only reading a batch of
+/// events runs on a blocking thread, for as long as that read takes; a watch that held one for
+/// its whole life let ~512 idle watches of any reader take tokio's whole blocking pool, and
+/// every read of every client with it.
+async fn deliver(
+    mut watch: vmplane_projections::watch::Watch,
+    tx: tokio::sync::mpsc::Sender<Result<pb::WatchEvent, Status>>,
+    mut d: Delivery,
+) {
+    let mut delivered = watch.position().0;
+    loop {
+        if d.stopping.load(Ordering::Acquire) {
+            let _ = tx
+                .send(Err(Status::unavailable(format!(
+                    "the server is shutting down: watch again with --from-position {delivered} \
+                     (from_position) to continue without a gap"
+                ))))
+                .await;
+            return;
+        }
+        if d.log.head() <= watch.position() {
+            // Nothing new yet: wait for the head to move, the client to leave, or a tick.
+            let head_moved = async {
+                if d.heads.changed().await.is_err() {
+                    // No signal (its thread is gone): the tick alone wakes this watch.
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = head_moved => {}
+                () = tx.closed() => return,
+                () = tokio::time::sleep(WATCH_IDLE_TICK) => {}
+            }
+            continue;
+        }
+        let projections = Arc::clone(&d.projections);
+        let readable = d.readable.take();
+        let read = tokio::task::spawn_blocking(move || {
+            keep_this_thread_under(Policy::Batch);
+            let batch = next_watch_events(&mut watch, &projections, readable.as_deref());
+            (watch, readable, batch)
+        })
+        .await;
+        let batch = match read {
+            Ok((w, readable, batch)) => {
+                watch = w;
+                d.readable = readable;
+                batch
+            }
+            Err(e) => {
+                let _ = tx
+                    .send(Err(Status::internal(format!("watch: worker failed: {e}"))))
+                    .await;
+                return;
+            }
+        };
+        let events = match batch {
+            Ok(events) => events,
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
+        };
+        for event in events {
+            let position = event.position;
+            if tx.send(Ok(event)).await.is_err() {
+                return; // the client went away
+            }
+            delivered = position;
+        }
+    }
+}
+
+/// The next events of `watch` already in the log (at most 256; none if all it read were
+/// filtered out), as its principal may see them: an event of a namespace outside `readable`
+/// is left out, and a KubeVirt entry is named.
+fn next_watch_events(
+    watch: &mut vmplane_projections::watch::Watch,
+    projections: &Projections,
+    readable: Option<&[String]>,
+) -> Result<Vec<pb::WatchEvent>, Status> {
+    let batch = watch
+        .next_batch(256, Duration::ZERO)
+        .map_err(|e| status::from_store("watch", &e))?;
+    let mut out = Vec::with_capacity(batch.len());
+    for mut e in batch {
+        if let Some(allowed) = readable
+            && !e.namespace.is_empty()
+            && !allowed.contains(&e.namespace)
+        {
+            continue;
+        }
+        if e.kind == Kind::KubeVirt.as_str()
+            && let Some(name) = cluster_config_name(projections, e.position)?
+        {
+            e.name = name;
+        }
+        out.push(pb::WatchEvent {
+            position: e.position,
+            time: e.time,
+            actor: e.actor,
+            namespace: e.namespace,
+            kind: e.kind,
+            name: e.name,
+            event: e.event,
+        });
+    }
+    Ok(out)
+}
+
+/// The log's head as it moves, for watches to await without a thread each: one thread waits
+/// on the log ([`EventLog::wait_for`]) and publishes every new head. It ends once no receiver
+/// is left (the [`Api`] and its watches are gone), within a wait.
+fn head_signal(log: Arc<dyn EventLog>) -> tokio::sync::watch::Receiver<u64> {
+    let (tx, rx) = tokio::sync::watch::channel(log.head().0);
+    let waiter = move || {
+        let mut seen = log.head().0;
+        while !tx.is_closed() {
+            match log.wait_for(Position(seen + 1), WATCH_IDLE_TICK) {
+                Ok(head) if head.0 != seen => {
+                    seen = head.0;
+                    tx.send_replace(seen);
+                }
+                Ok(_) => {}
+                // A log that cannot say its head now: watches still wake on their tick.
+                Err(_) => std::thread::sleep(WATCH_IDLE_TICK),
+            }
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("vmplane-head".into())
+        .spawn(waiter)
+    {
+        tracing::warn!(error = %e, "no thread for the head signal: watches wake on their tick");
+    }
+    rx
+}
+
 #[tonic::async_trait]
 impl pb::watch_server::Watch for Api {
     type WatchStream = WatchStream;
@@ -1319,67 +1476,21 @@ impl pb::watch_server::Watch for Api {
             }
             None => self.log.head(),
         };
-        let mut watch = self
+        let watch = self
             .projections
             .watch(after, WatchFilter { kind, namespace });
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER_EVENTS_MAX);
-        let projections = self.projections.clone();
-        let stopping = Arc::clone(&self.stopping);
-        tokio::task::spawn_blocking(move || {
-            let mut delivered = after.0;
-            loop {
-                if tx.is_closed() {
-                    return;
-                }
-                if stopping.load(Ordering::Acquire) {
-                    let _ = tx.blocking_send(Err(Status::unavailable(format!(
-                        "the server is shutting down: watch again with --from-position {delivered} \
-                         (from_position) to continue without a gap"
-                    ))));
-                    return;
-                }
-                let batch = match watch.next_batch(256, Duration::from_millis(500)) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(status::from_store("watch", &e)));
-                        return;
-                    }
-                };
-                for e in batch {
-                    if let Some(allowed) = &readable
-                        && !e.namespace.is_empty()
-                        && !allowed.contains(&e.namespace)
-                    {
-                        continue;
-                    }
-                    let mut e = e;
-                    if e.kind == Kind::KubeVirt.as_str() {
-                        match cluster_config_name(&projections, e.position) {
-                            Ok(Some(name)) => e.name = name,
-                            Ok(None) => {}
-                            Err(status) => {
-                                let _ = tx.blocking_send(Err(status));
-                                return;
-                            }
-                        }
-                    }
-                    let ev = pb::WatchEvent {
-                        position: e.position,
-                        time: e.time,
-                        actor: e.actor,
-                        namespace: e.namespace,
-                        kind: e.kind,
-                        name: e.name,
-                        event: e.event,
-                    };
-                    let position = ev.position;
-                    if tx.blocking_send(Ok(ev)).is_err() {
-                        return;
-                    }
-                    delivered = position;
-                }
-            }
-        });
+        tokio::spawn(deliver(
+            watch,
+            tx,
+            Delivery {
+                log: Arc::clone(&self.log),
+                projections: self.projections.clone(),
+                readable,
+                heads: self.heads.clone(),
+                stopping: Arc::clone(&self.stopping),
+            },
+        ));
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))

@@ -571,3 +571,68 @@ fn a_watch_from_a_position_past_the_head_is_refused_naming_the_head_and_one_at_t
     ));
     assert_eq!(ev.position, applied.position);
 }
+
+/// More idle watches than tokio's blocking pool has threads (512), opened by one reader.
+const IDLE_WATCHES: usize = 600;
+
+#[test]
+fn many_idle_watches_leave_every_read_answered_and_each_watch_still_delivers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
+    let vmplane = Cli::new(&server);
+    let (code, _, err) = vmplane.run_with_stdin(&["apply", "-f", "-"], &vm("idle", 128));
+    assert_eq!(code, 0, "{err}");
+    let rt = rt();
+    rt.block_on(async {
+        // A few connections, as many streams on each as h2 allows by default (100+).
+        let mut channels = Vec::new();
+        for _ in 0..8 {
+            channels.push(channel(&server).await);
+        }
+        let mut streams = Vec::new();
+        for i in 0..IDLE_WATCHES {
+            let mut client = WatchClient::new(channels[i % channels.len()].clone());
+            let stream = client
+                .watch(pb::WatchRequest {
+                    kind: "vm".into(),
+                    namespace: "default".into(),
+                    all_namespaces: false,
+                    from_position: None,
+                })
+                .await
+                .expect("watch opens")
+                .into_inner();
+            streams.push(stream);
+        }
+        // Reads of other clients are answered, not queued behind the watches.
+        let mut objects = ObjectsClient::new(channel(&server).await);
+        let mut get = tonic::Request::new(pb::GetRequest {
+            r#ref: Some(pb::ObjectRef {
+                kind: "vm".into(),
+                namespace: "default".into(),
+                name: "idle".into(),
+            }),
+            ..Default::default()
+        });
+        get.set_timeout(Duration::from_secs(10));
+        objects.get(get).await.expect("a read beside idle watches");
+        // And every watch still delivers the next change.
+        let applied = objects
+            .apply(pb::ApplyRequest {
+                manifest: vm("idle", 256),
+                namespace: "default".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("apply")
+            .into_inner();
+        for stream in &mut streams {
+            let event = tokio::time::timeout(Duration::from_secs(30), stream.message())
+                .await
+                .expect("an event, not a silent wait")
+                .expect("the stream stays open")
+                .expect("an event");
+            assert_eq!(event.position, applied.position);
+        }
+    });
+}
