@@ -1167,25 +1167,17 @@ impl pb::history_server::History for Api {
             let query = vmplane_projections::history::AuditQuery {
                 actor: (!r.actor.is_empty()).then_some(r.actor),
                 namespace,
+                readable,
                 kind,
                 since,
                 until,
-                // The newest `limit` entries are kept below (after filtering by readable
-                // namespaces): read up to the hard cap.
-                records_max: AUDIT_ENTRIES_MAX,
+                records_max: limit,
             };
-            let records = projections
+            let audit = projections
                 .audit(&query)
                 .map_err(|e| from_projection("audit", e))?;
-            let mut visible: Vec<_> = records
-                .into_iter()
-                .filter(|a| match &readable {
-                    // Cluster-scoped objects (namespace "") are readable by every principal.
-                    Some(allowed) => a.namespace.is_empty() || allowed.contains(&a.namespace),
-                    None => true,
-                })
-                .collect();
-            for a in visible
+            let mut records = audit.records;
+            for a in records
                 .iter_mut()
                 .filter(|a| a.kind == Kind::KubeVirt.as_str())
             {
@@ -1193,11 +1185,8 @@ impl pb::history_server::History for Api {
                     a.name = name;
                 }
             }
-            // The newest `limit`, oldest first: what happened most recently, in order.
-            let skip = visible.len().saturating_sub(limit);
-            let entries = visible
+            let entries = records
                 .into_iter()
-                .skip(skip)
                 .map(|a| pb::AuditEntry {
                     position: a.position,
                     time: a.time,
@@ -1209,7 +1198,10 @@ impl pb::history_server::History for Api {
                     summary: a.summary,
                 })
                 .collect();
-            Ok(Response::new(pb::AuditResponse { entries }))
+            Ok(Response::new(pb::AuditResponse {
+                entries,
+                older: audit.older,
+            }))
         })
         .await
     }

@@ -1433,7 +1433,14 @@ pub async fn audit(c: &mut Clients, g: &GlobalArgs, a: &AuditArgs) -> anyhow::Re
         return Ok(());
     }
     let mut out = std::io::stdout().lock();
-    print::audit(&mut out, g.output, &resp.entries)
+    print::audit(&mut out, g.output, &resp.entries)?;
+    if resp.older > 0 {
+        eprintln!(
+            "{} older entries matched too: raise --limit (now {}) or narrow with --since/--until.",
+            resp.older, a.limit
+        );
+    }
+    Ok(())
 }
 
 /// `watch`: prints events until the server ends the stream or the user interrupts.

@@ -63,14 +63,26 @@ pub struct AuditQuery {
     pub actor: Option<String>,
     /// Only objects of this namespace.
     pub namespace: Option<String>,
+    /// Only objects of these namespaces, and cluster-scoped ones (what a principal may read,
+    /// for an audit of all namespaces); `None`: every namespace.
+    pub readable: Option<Vec<String>>,
     /// Only objects of this kind (VMI events recorded in a VM's stream count as both).
     pub kind: Option<Kind>,
     /// Only events recorded at or after this instant.
     pub since: Option<Timestamp>,
     /// Only events recorded at or before this instant.
     pub until: Option<Timestamp>,
-    /// At most this many records (the first ones in log order).
+    /// At most this many records: the newest that match (0: all).
     pub records_max: usize,
+}
+
+/// What [`Projections::audit`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Audit {
+    /// The newest matching events, at most the query's `records_max`, oldest first.
+    pub records: Vec<AuditRecord>,
+    /// How many older events matched too but were left out by `records_max`.
+    pub older: u64,
 }
 
 /// A unified diff of an object's spec between two revisions.
@@ -187,8 +199,11 @@ impl Projections {
         Ok(SpecDiff { from, to, diff })
     }
 
-    /// Who did what, when: events matching `query`, in log order.
-    pub fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>> {
+    /// Who did what, when: the newest events matching `query`, in log order. Two passes: the
+    /// first keeps only the positions of the newest matches (at most `records_max` of them),
+    /// the second decodes those alone, so an audit of a long log holds and decodes no more
+    /// than it answers.
+    pub fn audit(&self, query: &AuditQuery) -> Result<Audit> {
         let log = self.log();
         let start = match query.since {
             Some(t) => log.position_at(Timestamp(t.0.saturating_sub(1)))?,
@@ -199,30 +214,40 @@ impl Projections {
         } else {
             query.records_max
         };
-        let mut out = Vec::new();
-        let mut failure = None;
-        log.scan(start, &mut |event| {
+        let mut kept: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+        let mut older = 0u64;
+        let head = log.scan(start, &mut |event| {
             if query.until.is_some_and(|u| event.recorded_at > u) {
                 return ControlFlow::Break(());
             }
-            if query.since.is_some_and(|s| event.recorded_at < s)
-                || query.actor.as_deref().is_some_and(|a| a != event.actor)
-            {
+            if audited(query, event).is_some() {
+                if kept.len() == records_max {
+                    kept.pop_front();
+                    older += 1;
+                }
+                kept.push_back(event.position.0);
+            }
+            ControlFlow::Continue(())
+        })?;
+        let Some(&first) = kept.front() else {
+            return Ok(Audit {
+                records: Vec::new(),
+                older,
+            });
+        };
+        let mut out = Vec::with_capacity(kept.len());
+        let mut failure = None;
+        log.scan(Position(first - 1), &mut |event| {
+            if event.position > head || kept.front().is_none() {
+                return ControlFlow::Break(());
+            }
+            if kept.front() != Some(&event.position.0) {
                 return ControlFlow::Continue(());
             }
-            let Some(parsed) = parse_stream(event.stream) else {
+            kept.pop_front();
+            let Some((namespace, kind, name)) = audited(query, event) else {
                 return ControlFlow::Continue(());
             };
-            let namespace = parsed.namespace.unwrap_or("");
-            if query.namespace.as_deref().is_some_and(|n| n != namespace) {
-                return ControlFlow::Continue(());
-            }
-            let kind = event_kind(parsed.kind, event.event_type);
-            // The kind an entry is about, exactly: `--kind vm` leaves out the VMI lifecycle
-            // events of the VM's stream (they are listed as VirtualMachineInstance).
-            if query.kind.is_some_and(|k| k != kind) {
-                return ControlFlow::Continue(());
-            }
             match decode(event) {
                 Ok(decoded) => {
                     out.push(AuditRecord {
@@ -231,13 +256,10 @@ impl Projections {
                         actor: event.actor.to_owned(),
                         namespace: namespace.to_owned(),
                         kind: kind.as_str().to_owned(),
-                        name: parsed.name.to_owned(),
+                        name: name.to_owned(),
                         event: event.event_type.to_owned(),
                         summary: decoded.summary(),
                     });
-                    if out.len() >= records_max {
-                        return ControlFlow::Break(());
-                    }
                     ControlFlow::Continue(())
                 }
                 Err(e) => {
@@ -249,8 +271,43 @@ impl Projections {
         if let Some(e) = failure {
             return Err(e);
         }
-        Ok(out)
+        Ok(Audit {
+            records: out,
+            older,
+        })
     }
+}
+
+/// Whether `event` is one `query` selects (its time bounds aside for `until`, which ends the
+/// scan): its namespace, kind and name if so.
+fn audited<'e>(
+    query: &AuditQuery,
+    event: &'e vmplane_store::RecordedEventRef<'_>,
+) -> Option<(&'e str, Kind, &'e str)> {
+    if query.since.is_some_and(|s| event.recorded_at < s)
+        || query.actor.as_deref().is_some_and(|a| a != event.actor)
+    {
+        return None;
+    }
+    let parsed = parse_stream(event.stream)?;
+    let namespace = parsed.namespace.unwrap_or("");
+    if query.namespace.as_deref().is_some_and(|n| n != namespace) {
+        return None;
+    }
+    // Cluster-scoped objects (namespace "") are readable by every principal.
+    if let Some(readable) = &query.readable
+        && !namespace.is_empty()
+        && !readable.iter().any(|n| n == namespace)
+    {
+        return None;
+    }
+    let kind = event_kind(parsed.kind, event.event_type);
+    // The kind an entry is about, exactly: `--kind vm` leaves out the VMI lifecycle events of
+    // the VM's stream (they are listed as VirtualMachineInstance).
+    if query.kind.is_some_and(|k| k != kind) {
+        return None;
+    }
+    Some((namespace, kind, parsed.name))
 }
 
 /// The kind an event is about: VMI lifecycle events in a VM's stream are about its VMI.

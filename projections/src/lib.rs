@@ -86,7 +86,7 @@ pub use command::{
 };
 pub use error::{Error, Result};
 pub use features::{features_requested, state_features};
-pub use history::{AuditQuery, AuditRecord, HistoryEntry, SpecDiff};
+pub use history::{Audit, AuditQuery, AuditRecord, HistoryEntry, SpecDiff};
 pub use model::{AggState, Snapshot};
 pub use projections::{
     At, ListPage, ListResult, ObjectRef, PageEnd, ProjectionOptions, Projections,

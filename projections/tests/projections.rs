@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use vmplane_core::types::Kind;
 use vmplane_core::{Category, Outcome, VmCommand, codes};
 use vmplane_projections::{
-    At, AuditQuery, Command, CommandError, CommandHandler, CommandOptions, Error,
+    At, AuditQuery, AuditRecord, Command, CommandError, CommandHandler, CommandOptions, Error,
     ProjectionOptions, Projections, WatchFilter, checkpoint,
 };
 use vmplane_store::threads::{Policy, policies_of_threads_named};
@@ -708,7 +708,8 @@ fn history_diff_and_audit() {
             actor: Some("bob".into()),
             ..AuditQuery::default()
         })
-        .expect("audit");
+        .expect("audit")
+        .records;
     assert!(!by_bob.is_empty());
     assert!(
         by_bob
@@ -724,7 +725,8 @@ fn history_diff_and_audit() {
             until: Some(Timestamp::now()),
             ..AuditQuery::default()
         })
-        .expect("audit");
+        .expect("audit")
+        .records;
     assert_eq!(team_b.len(), 1);
     assert_eq!(team_b[0].event, "VmCreated");
     assert_eq!(team_b[0].kind, "VirtualMachine");
@@ -734,7 +736,8 @@ fn history_diff_and_audit() {
             until: Some(Timestamp(t0.0 - 1)),
             ..AuditQuery::default()
         })
-        .expect("audit");
+        .expect("audit")
+        .records;
     assert!(none.is_empty());
 }
 
@@ -807,6 +810,49 @@ impl EventLog for RacingLog {
     fn limits(&self) -> &vmplane_store::Limits {
         self.inner.limits()
     }
+}
+
+#[test]
+fn an_audit_with_a_limit_answers_the_newest_matches_and_counts_the_older_ones() {
+    let env = env();
+    for i in 0..6 {
+        env.apply_vm("alice", vm("audit-a", &format!("vm-{i}"), "128Mi"));
+        env.apply_vm("bob", vm("audit-b", &format!("vm-{i}"), "128Mi"));
+    }
+    let all = env
+        .projections
+        .audit(&AuditQuery::default())
+        .expect("audit");
+    assert_eq!(all.older, 0);
+    let newest_three = env
+        .projections
+        .audit(&AuditQuery {
+            records_max: 3,
+            ..AuditQuery::default()
+        })
+        .expect("audit");
+    assert_eq!(newest_three.records, all.records[all.records.len() - 3..]);
+    assert_eq!(newest_three.older, (all.records.len() - 3) as u64);
+    // A reader of one namespace: its newest entries, whatever the other namespace wrote
+    // after them.
+    let readable = env
+        .projections
+        .audit(&AuditQuery {
+            readable: Some(vec!["audit-a".into()]),
+            records_max: 2,
+            ..AuditQuery::default()
+        })
+        .expect("audit");
+    let newest_of_a: Vec<&AuditRecord> = all
+        .records
+        .iter()
+        .filter(|r| r.namespace == "audit-a")
+        .collect();
+    assert_eq!(
+        readable.records.iter().collect::<Vec<_>>(),
+        newest_of_a[newest_of_a.len() - 2..]
+    );
+    assert_eq!(readable.older, (newest_of_a.len() - 2) as u64);
 }
 
 #[test]

@@ -250,6 +250,14 @@ fn history_audit_and_watch_json_have_the_documented_fields() {
         assert_eq!(e["name"], "demo");
         assert_eq!(e["event"], r["events"][0]);
     }
+    // --limit keeps the newest entries, and says on stderr how many older ones matched.
+    let (code, out, err) = vmplane.run(&["audit", "-n", ns, "--limit", "1", "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out), Value::Array(vec![entries[1].clone()]));
+    assert!(
+        err.starts_with("1 older entries matched too: raise --limit (now 1)"),
+        "{err}"
+    );
     // Filters: --kind, --actor, --since/--until.
     let by_kind = json(&vmplane.ok(&["audit", "-n", ns, "--kind", "vmi", "-o", "json"]));
     assert_eq!(by_kind, Value::Array(vec![]));
