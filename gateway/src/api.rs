@@ -386,21 +386,57 @@ fn parse_time(field: &str, value: &str) -> Result<Timestamp, Status> {
     Ok(Timestamp(ns))
 }
 
-fn request_id(id: &str) -> Result<Option<uuid::Uuid>, Status> {
+/// A client's `request_id` and the id its request is known by on the command path.
+///
+/// The command path answers every later request with a request id (of the same principal, on
+/// the same object) with that id's first answer. A retry is the same request again; but a
+/// client that reuses an id for another request (a delete after an apply, another manifest)
+/// must not be told "done" for what was never done. So the id a request is known by is derived
+/// from the client's and from what the request asks (the method and its arguments): the same
+/// request again finds its first answer, another request with the same id is a new one. The
+/// client's own id stays the correlation id of the events.
+#[derive(Clone, Copy)]
+struct RequestIds {
+    client: uuid::Uuid,
+    request: uuid::Uuid,
+}
+
+/// [`RequestIds`] of a request with client id `id` (none if empty) asking `what`.
+fn request_ids(id: &str, what: &[&[u8]]) -> Result<Option<RequestIds>, Status> {
     if id.is_empty() {
         return Ok(None);
     }
-    uuid::Uuid::parse_str(id)
-        .map(Some)
-        .map_err(|_| Status::invalid_argument(format!("request_id: {id:?} is not a UUID")))
+    let client = uuid::Uuid::parse_str(id)
+        .map_err(|_| Status::invalid_argument(format!("request_id: {id:?} is not a UUID")))?;
+    let mut asked = Vec::with_capacity(what.iter().map(|w| w.len() + 8).sum());
+    for part in what {
+        // Each part after its length: no two requests' parts run together the same way.
+        asked.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        asked.extend_from_slice(part);
+    }
+    Ok(Some(RequestIds {
+        client,
+        request: uuid::Uuid::new_v5(&client, &asked),
+    }))
 }
 
-fn meta(p: &Principal, request_id: Option<uuid::Uuid>) -> CommandMeta {
+fn meta(p: &Principal, ids: Option<RequestIds>) -> CommandMeta {
     CommandMeta {
         actor: p.name.clone(),
-        request_id,
+        request_id: ids.map(|i| i.request),
+        correlation_id: ids.map(|i| i.client),
         ..CommandMeta::default()
     }
+}
+
+/// An optional number as a part of what a request asks, for [`request_ids`].
+fn optional(n: Option<u64>) -> [u8; 9] {
+    let mut out = [0u8; 9];
+    if let Some(n) = n {
+        out[0] = 1;
+        out[1..].copy_from_slice(&n.to_be_bytes());
+    }
+    out
 }
 
 /// The command `apply` runs for `manifest`, with the request's options.
@@ -547,6 +583,17 @@ impl pb::objects_server::Objects for Api {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
         let view = View::of(r.view)?;
+        let ids = request_ids(
+            &r.request_id,
+            &[
+                b"apply",
+                r.manifest.as_bytes(),
+                r.namespace.as_bytes(),
+                &optional(r.expected_generation),
+                &optional(r.expected_resource_version),
+                &[u8::from(r.import)],
+            ],
+        )?;
         let mut manifest = parse_manifest(r.manifest.as_bytes()).map_err(|e| {
             status::from_rejection(
                 &manifest_context(&r.manifest, &r.namespace),
@@ -587,7 +634,7 @@ impl pb::objects_server::Objects for Api {
         let command = apply_command(manifest, r.expected_generation, r.import);
         let meta = CommandMeta {
             expected_position,
-            ..meta(&p, request_id(&r.request_id)?)
+            ..meta(&p, ids)
         };
         let (commands, projections) = (self.commands.clone(), self.projections.clone());
         // The command path on this thread when it needs no read of the log and the log takes
@@ -883,6 +930,10 @@ impl pb::objects_server::Objects for Api {
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
+        let ids = request_ids(
+            &r.request_id,
+            &[b"delete", &optional(r.expected_generation)],
+        )?;
         let Target {
             kind,
             namespace,
@@ -909,7 +960,7 @@ impl pb::objects_server::Objects for Api {
                 command: ObjectCommand::Delete(r.expected_generation),
             },
         };
-        let meta = meta(&p, request_id(&r.request_id)?);
+        let meta = meta(&p, ids);
         let commands = self.commands.clone();
         let reader = p.clone();
         let response = blocking(move || {
@@ -1031,7 +1082,11 @@ impl Api {
         let r = request.into_inner();
         let namespace = namespace_or_default(&r.namespace);
         let object = authorize(&p, Access::Write, Kind::VirtualMachine, &namespace, &r.name)?;
-        let meta = meta(&p, request_id(&r.request_id)?);
+        let asked = format!("{command:?}");
+        let meta = meta(
+            &p,
+            request_ids(&r.request_id, &[b"lifecycle", asked.as_bytes()])?,
+        );
         let command = Command::Vm {
             namespace,
             name: r.name,

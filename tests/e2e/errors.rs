@@ -775,3 +775,82 @@ fn diff_with_output_json_or_yaml_prints_one_object_and_keeps_its_exit_status() {
     );
     assert_eq!(diff["diff"], text);
 }
+
+#[test]
+fn a_request_id_retried_replays_its_answer_and_reused_for_another_request_does_that_request() {
+    let server = shared_server();
+    let ns = "errors-request-id";
+    let id = "11111111-2222-3333-4444-555555555555";
+    let manifest = |memory: &str| vm_manifest("idem", &[("guest: 256Mi", memory)]);
+    rt().block_on(async {
+        let channel = channel(server).await;
+        let mut objects = ObjectsClient::new(channel.clone());
+        let mut lifecycle = pb::lifecycle_client::LifecycleClient::new(channel);
+        let apply = |memory: &str| pb::ApplyRequest {
+            manifest: manifest(memory),
+            namespace: ns.into(),
+            request_id: id.into(),
+            ..Default::default()
+        };
+        let first = objects
+            .apply(apply("guest: 256Mi"))
+            .await
+            .expect("apply")
+            .into_inner();
+        assert_eq!(first.outcome, "created");
+        // A retry of the same request: its first answer, nothing written again.
+        let retry = objects
+            .apply(apply("guest: 256Mi"))
+            .await
+            .expect("retry")
+            .into_inner();
+        assert_eq!(
+            (retry.outcome.as_str(), retry.position),
+            ("created", first.position)
+        );
+        // The same id for another manifest: that edit is made.
+        let edit = objects
+            .apply(apply("guest: 1Gi"))
+            .await
+            .expect("another manifest")
+            .into_inner();
+        assert_eq!(edit.outcome, "configured");
+        assert!(edit.position > first.position);
+        // ... and for a start, then a delete: each is done, not answered with the apply's
+        // result.
+        let start = lifecycle
+            .start(pb::LifecycleRequest {
+                namespace: ns.into(),
+                name: "idem".into(),
+                request_id: id.into(),
+            })
+            .await
+            .expect("start")
+            .into_inner();
+        assert!(start.position > edit.position, "{start:?}");
+        objects
+            .delete(pb::DeleteRequest {
+                r#ref: Some(pb::ObjectRef {
+                    kind: "vm".into(),
+                    namespace: ns.into(),
+                    name: "idem".into(),
+                }),
+                expected_generation: None,
+                request_id: id.into(),
+            })
+            .await
+            .expect("delete");
+        let gone = objects
+            .get(pb::GetRequest {
+                r#ref: Some(pb::ObjectRef {
+                    kind: "vm".into(),
+                    namespace: ns.into(),
+                    name: "idem".into(),
+                }),
+                ..Default::default()
+            })
+            .await
+            .expect_err("deleted");
+        assert_eq!(gone.code(), Code::NotFound);
+    });
+}
