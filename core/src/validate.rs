@@ -165,7 +165,7 @@ pub fn metadata(m: &ObjectMeta, namespaced: bool, c: &mut Causes) {
                 c.invalid(
                     "metadata.name",
                     codes::INVALID_VALUE,
-                    format!("Invalid value: {n:?}: {why}"),
+                    format!("Invalid value: {}: {why}", shown(n)),
                 );
             }
         }
@@ -177,7 +177,7 @@ pub fn metadata(m: &ObjectMeta, namespaced: bool, c: &mut Causes) {
         c.invalid(
             "metadata.namespace",
             codes::INVALID_VALUE,
-            format!("Invalid value: {ns:?}: {why}"),
+            format!("Invalid value: {}: {why}", shown(ns)),
         );
     }
     labels_and_annotations(m, "metadata", c);
@@ -458,6 +458,38 @@ fn is_mac(s: &str) -> bool {
         && parts
             .iter()
             .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// Why `name` is not a valid object name (a lowercase RFC 1123 subdomain of at most
+/// [`NAME_BYTES_MAX`] characters), if it is not: for requests that name an object.
+#[must_use]
+pub fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("is required".to_owned());
+    }
+    dns_subdomain(name, NAME_BYTES_MAX)
+}
+
+/// Why `namespace` is not a valid namespace (a lowercase RFC 1123 label of at most
+/// [`NAMESPACE_BYTES_MAX`] characters), if it is not.
+#[must_use]
+pub fn namespace_problem(namespace: &str) -> Option<String> {
+    dns_label(namespace)
+}
+
+/// Characters of a value a message quotes at most: a message that repeated the whole of a
+/// long value would grow past what a gRPC client accepts in a status (some refuse one over
+/// 8 or 16 KiB of metadata) and say no more.
+pub const SHOWN_CHARS_MAX: usize = 64;
+
+/// `value` quoted for a message: whole if short, else its first [`SHOWN_CHARS_MAX`]
+/// characters and how long it is.
+#[must_use]
+pub fn shown(value: &str) -> String {
+    match value.char_indices().nth(SHOWN_CHARS_MAX) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &value[..cut], value.len()),
+    }
 }
 
 fn dns_label(s: &str) -> Option<String> {

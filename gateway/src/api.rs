@@ -129,9 +129,16 @@ struct Target {
 /// `access` to it checked (and recorded on the request's span) — the same steps, in the same
 /// order, for every request that names one object.
 fn target(p: &Principal, access: Access, rf: Option<pb::ObjectRef>) -> Result<Target, Status> {
-    let rf = rf.unwrap_or_default();
-    let kind = parse_kind(&rf.kind)?;
-    let namespace = namespace_or_default(&rf.namespace);
+    let rf = rf.ok_or_else(|| {
+        Status::invalid_argument("ref: is required: the kind, namespace and name of the object")
+    })?;
+    let kind = parse_kind("ref.kind", &rf.kind)?;
+    let namespace = if kind.cluster_wide() {
+        namespace_or_default(&rf.namespace)
+    } else {
+        namespace_in("ref.namespace", &rf.namespace)?
+    };
+    check_name("ref.name", &rf.name)?;
     let object = authorize(p, access, kind, &namespace, &rf.name)?;
     Ok(Target {
         kind,
@@ -225,13 +232,48 @@ fn may_name(p: &Principal, namespace: Option<&str>) -> bool {
     p.is_admin() || namespace.is_some_and(|ns| p.may(Access::Read, Some(ns)))
 }
 
-fn parse_kind(kind: &str) -> Result<Kind, Status> {
+/// The kind a request's `field` names.
+fn parse_kind(field: &str, kind: &str) -> Result<Kind, Status> {
+    const KNOWN: &str = "use vm, vmi, instancetype, clusterinstancetype, preference, \
+                         clusterpreference, snapshot, restore, clone or kubevirt";
+    if kind.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "{field}: is required; {KNOWN}"
+        )));
+    }
     Kind::from_cli_name(kind).ok_or_else(|| {
         Status::invalid_argument(format!(
-            "kind {kind:?} is not known; use vm, vmi, instancetype, clusterinstancetype, \
-             preference, clusterpreference, snapshot, restore, clone or kubevirt"
+            "{field}: kind {} is not known; {KNOWN}",
+            vmplane_core::validate::shown(kind)
         ))
     })
+}
+
+/// Refuses a request's `field` that cannot name an object: it would only ever be not found.
+fn check_name(field: &str, name: &str) -> Result<(), Status> {
+    match vmplane_core::validate::name_problem(name) {
+        None => Ok(()),
+        Some(why) if name.is_empty() => Err(Status::invalid_argument(format!("{field}: {why}"))),
+        Some(why) => Err(Status::invalid_argument(format!(
+            "{field}: {}: {why}",
+            vmplane_core::validate::shown(name)
+        ))),
+    }
+}
+
+/// A request's namespace `field` (`default` when empty), refused if it cannot be a
+/// namespace: a read of one would only ever find nothing.
+fn namespace_in(field: &str, namespace: &str) -> Result<String, Status> {
+    if namespace.is_empty() {
+        return Ok("default".to_string());
+    }
+    match vmplane_core::validate::namespace_problem(namespace) {
+        None => Ok(namespace.to_string()),
+        Some(why) => Err(Status::invalid_argument(format!(
+            "{field}: {}: {why}",
+            vmplane_core::validate::shown(namespace)
+        ))),
+    }
 }
 
 fn namespace_or_default(ns: &str) -> String {
@@ -353,7 +395,8 @@ fn continue_token(at: Position, namespace: &str, name: &str) -> String {
 fn parse_continue(token: &str) -> Result<(Position, (String, String)), Status> {
     let bad = || {
         Status::invalid_argument(format!(
-            "continue_token: {token:?} is not a token this server gave"
+            "continue_token: {} is not a token this server gave",
+            vmplane_core::validate::shown(token)
         ))
     };
     let mut parts = token.split('.');
@@ -378,7 +421,10 @@ fn parse_continue(token: &str) -> Result<(Position, (String, String)), Status> {
 
 fn parse_time(field: &str, value: &str) -> Result<Timestamp, Status> {
     let t = chrono::DateTime::parse_from_rfc3339(value).map_err(|e| {
-        Status::invalid_argument(format!("{field}: {value:?} is not an RFC 3339 time: {e}"))
+        Status::invalid_argument(format!(
+            "{field}: {} is not an RFC 3339 time: {e}",
+            vmplane_core::validate::shown(value)
+        ))
     })?;
     let ns = t
         .timestamp_nanos_opt()
@@ -695,18 +741,27 @@ impl pb::objects_server::Objects for Api {
         let response = blocking(move || {
             if r.dry_run {
                 // The whole object as it would be stored (namespace, uid, generation, firmware
-                // UUID and serial, status), as Kubernetes' server-side dry run answers; a
-                // standalone VMI or the cluster config is rendered from the log, so for them,
-                // and in the basic view, the manifest as sent.
-                let rendered = view == View::Full
-                    && !matches!(kind, Kind::VirtualMachineInstance | Kind::KubeVirt);
+                // UUID and serial, status), as Kubernetes' server-side dry run answers, or in
+                // the basic view its fields without the text; a standalone VMI or the cluster
+                // config is rendered from the log, so for them the manifest as sent.
+                let rendered = !matches!(kind, Kind::VirtualMachineInstance | Kind::KubeVirt);
                 let (outcome, written) = if rendered {
                     let (outcome, after) = commands
                         .dry_run_with_state(command, expected_position)
                         .map_err(|e| from_command(&reader, &object, e))?;
-                    let written = projections
-                        .render_written(&after, kind, &namespace, &name)
-                        .map_err(|e| from_projection(&object, e))?;
+                    // A VM's basic view from its state alone; anything else rendered, its text
+                    // then left out by the view.
+                    let header = match view {
+                        View::Basic => render::header(&after, kind)
+                            .map(|header| header.with_object(String::new())),
+                        View::Full => None,
+                    };
+                    let written = match header {
+                        Some(header) => Some(header),
+                        None => projections
+                            .render_written(&after, kind, &namespace, &name)
+                            .map_err(|e| from_projection(&object, e))?,
+                    };
                     (outcome, written)
                 } else {
                     let outcome = commands
@@ -818,8 +873,12 @@ impl pb::objects_server::Objects for Api {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
-        let kind = parse_kind(&r.kind)?;
-        let namespace = namespace_or_default(&r.namespace);
+        let kind = parse_kind("kind", &r.kind)?;
+        let namespace = if kind.cluster_wide() || r.all_namespaces {
+            namespace_or_default(&r.namespace)
+        } else {
+            namespace_in("namespace", &r.namespace)?
+        };
         // All namespaces: an admin sees every one; others see the ones they may read. Kinds
         // decided for the whole cluster (the cluster config too) are listed whatever the
         // namespace, as they are read by name.
@@ -865,7 +924,16 @@ impl pb::objects_server::Objects for Api {
         let limit = (r.limit > 0).then_some(r.limit as usize);
         blocking(move || {
             let at = match (token_at, past) {
-                (Some(at), _) => Some(at),
+                (Some(at), _) => {
+                    if let Err(head) = head_reaches(log.as_ref(), at.0, WATCH_AHEAD_WAIT) {
+                        return Err(Status::invalid_argument(format!(
+                            "continue_token: its position {} is past the log's head {}: not a \
+                             token this server gave; list again without it",
+                            at.0, head
+                        )));
+                    }
+                    Some(at)
+                }
                 (None, None) => None,
                 (None, Some(At::Position(p))) => {
                     let head = log.head();
@@ -987,14 +1055,15 @@ impl pb::objects_server::Objects for Api {
         let commands = self.commands.clone();
         match r.source {
             Some(pb::expand_request::Source::Ref(rf)) => {
-                let kind = parse_kind(&rf.kind)?;
+                let kind = parse_kind("ref.kind", &rf.kind)?;
                 if kind != Kind::VirtualMachine {
                     return Err(Status::invalid_argument(format!(
                         "expand: only VirtualMachines expand, not {}",
                         kind.as_str()
                     )));
                 }
-                let namespace = namespace_or_default(&rf.namespace);
+                let namespace = namespace_in("ref.namespace", &rf.namespace)?;
+                check_name("ref.name", &rf.name)?;
                 let object = authorize(&p, Access::Read, kind, &namespace, &rf.name)?;
                 let reader = p.clone();
                 blocking(move || {
@@ -1080,7 +1149,8 @@ impl Api {
     ) -> Result<Response<pb::LifecycleResponse>, Status> {
         let p = self.principal(request.metadata())?;
         let r = request.into_inner();
-        let namespace = namespace_or_default(&r.namespace);
+        let namespace = namespace_in("namespace", &r.namespace)?;
+        check_name("name", &r.name)?;
         let object = authorize(&p, Access::Write, Kind::VirtualMachine, &namespace, &r.name)?;
         let asked = format!("{command:?}");
         let meta = meta(
@@ -1133,9 +1203,21 @@ impl pb::history_server::History for Api {
                     .wait_for(Position(min), wait)
                     .map_err(|e| from_projection(&object, e))?;
             }
-            let entries = projections
-                .history(kind, &namespace, &name)
-                .map_err(|e| from_projection(&object, e))?;
+            let entries = match projections.history(kind, &namespace, &name) {
+                // A VM's VMI lives in the VM's stream: its revisions are the VM's.
+                Err(vmplane_projections::Error::NotFound { .. })
+                    if kind == Kind::VirtualMachineInstance
+                        && projections
+                            .history(Kind::VirtualMachine, &namespace, &name)
+                            .is_ok() =>
+                {
+                    return Err(Status::not_found(format!(
+                        "{object} has no history of its own: a VM's VMI is recorded in the \
+                         VM's (ref.kind vm; `vmplane history vm {name} -n {namespace}`)"
+                    )));
+                }
+                other => other.map_err(|e| from_projection(&object, e))?,
+            };
             let revisions = entries
                 .into_iter()
                 .map(|h| pb::Revision {
@@ -1187,7 +1269,7 @@ impl pb::history_server::History for Api {
         let kind = if r.kind.is_empty() {
             None
         } else {
-            Some(parse_kind(&r.kind)?)
+            Some(parse_kind("kind", &r.kind)?)
         };
         let since = if r.since.is_empty() {
             None
@@ -1210,7 +1292,7 @@ impl pb::history_server::History for Api {
         let (namespace, readable) = if r.all_namespaces {
             (None, p.readable_namespaces())
         } else {
-            let ns = namespace_or_default(&r.namespace);
+            let ns = namespace_in("namespace", &r.namespace)?;
             record_object(&format!("audit {ns}"));
             if !p.may(Access::Read, Some(&ns)) {
                 return Err(denied(&p, Access::Read, "the audit", Some(&ns)));
@@ -1319,20 +1401,25 @@ const WATCH_AHEAD_WAIT: Duration = Duration::from_secs(3);
 /// otherwise wait, silently, for events that may never come (a mistyped position, or one from
 /// another data directory).
 fn refuse_position_past_head(log: &dyn EventLog, from: u64, wait: Duration) -> Result<(), Status> {
-    let started = std::time::Instant::now();
-    loop {
-        let head = log.head();
-        if from <= head.0 {
-            return Ok(());
-        }
-        if started.elapsed() >= wait {
-            return Err(Status::invalid_argument(format!(
-                "from_position: position {from} is past the log's head {}; watch without \
-                 --from-position to start at the head, or from a list's resourceVersion",
-                head.0
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    head_reaches(log, from, wait).map_err(|head| {
+        Status::invalid_argument(format!(
+            "from_position: position {from} is past the log's head {head}; watch without \
+             --from-position to start at the head, or from a list's resourceVersion"
+        ))
+    })
+}
+
+/// Waits up to `wait` for the log's head to reach `position`: the head it stayed at if it
+/// did not (a position another server of the cluster gave may be a little ahead of this
+/// one; a made-up one never comes).
+fn head_reaches(log: &dyn EventLog, position: u64, wait: Duration) -> Result<(), u64> {
+    let head = log
+        .wait_for(Position(position), wait)
+        .unwrap_or_else(|_| log.head());
+    if position <= head.0 {
+        Ok(())
+    } else {
+        Err(head.0)
     }
 }
 
@@ -1503,12 +1590,12 @@ impl pb::watch_server::Watch for Api {
         let kind = if r.kind.is_empty() {
             None
         } else {
-            Some(parse_kind(&r.kind)?)
+            Some(parse_kind("kind", &r.kind)?)
         };
         let (namespace, readable) = if r.all_namespaces {
             (None, p.readable_namespaces())
         } else {
-            let ns = namespace_or_default(&r.namespace);
+            let ns = namespace_in("namespace", &r.namespace)?;
             record_object(&format!("watch {ns}"));
             if !p.may(Access::Read, Some(&ns)) {
                 return Err(denied(&p, Access::Read, "the events", Some(&ns)));

@@ -854,3 +854,92 @@ fn a_request_id_retried_replays_its_answer_and_reused_for_another_request_does_t
         assert_eq!(gone.code(), Code::NotFound);
     });
 }
+
+#[test]
+fn a_request_that_cannot_name_an_object_is_invalid_naming_the_field_and_quoting_little() {
+    let server = shared_server();
+    let ns = "errors-refs";
+    let vmplane = Cli::new(server);
+    apply_stdin(&vmplane, &vm_manifest("there", &[]), &["-n", ns]);
+    let long = "a".repeat(1_000_000);
+    rt().block_on(async {
+        let channel = channel(server).await;
+        let mut objects = ObjectsClient::new(channel.clone());
+        let mut history = pb::history_client::HistoryClient::new(channel.clone());
+        let mut lifecycle = pb::lifecycle_client::LifecycleClient::new(channel);
+        let get = |r#ref: Option<pb::ObjectRef>| pb::GetRequest {
+            r#ref,
+            ..Default::default()
+        };
+        let named = |kind: &str, namespace: &str, name: &str| {
+            Some(pb::ObjectRef {
+                kind: kind.into(),
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+        };
+        for (request, field) in [
+            (get(None), "ref:"),
+            (get(named("", ns, "there")), "ref.kind:"),
+            (get(named("vm", ns, "")), "ref.name:"),
+            (get(named("vm", ns, "BAD_NAME")), "ref.name:"),
+            (get(named("vm", ns, &long)), "ref.name:"),
+            (get(named("vm", "A B", "there")), "ref.namespace:"),
+        ] {
+            let status = objects.get(request).await.expect_err("refused");
+            assert_eq!(status.code(), Code::InvalidArgument, "{field} {status:?}");
+            assert!(status.message().starts_with(field), "{}", status.message());
+            assert!(status.message().len() < 1024, "quoted whole: {field}");
+        }
+        let status = objects
+            .list(pb::ListRequest {
+                kind: "vm".into(),
+                namespace: "A B".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with("namespace:"), "{status:?}");
+        // A made-up continue token is refused, not waited on.
+        let status = objects
+            .list(pb::ListRequest {
+                kind: "vm".into(),
+                namespace: ns.into(),
+                continue_token: "1.999999999.60.00".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().starts_with("continue_token:"),
+            "{status:?}"
+        );
+        let status = lifecycle
+            .start(pb::LifecycleRequest {
+                namespace: ns.into(),
+                name: String::new(),
+                request_id: String::new(),
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with("name:"), "{status:?}");
+        // A VM's VMI has no history of its own: the message says whose it is.
+        let status = history
+            .history(pb::HistoryRequest {
+                r#ref: named("vmi", ns, "there"),
+                ..Default::default()
+            })
+            .await
+            .expect_err("not found");
+        assert_eq!(status.code(), Code::NotFound);
+        assert!(
+            status
+                .message()
+                .contains(&format!("`vmplane history vm there -n {ns}`")),
+            "{status:?}"
+        );
+    });
+}

@@ -160,7 +160,7 @@ fn an_apply_in_the_basic_view_answers_what_a_read_gives_but_the_text() {
             .expect("a VM with an instancetype");
         basic_of(&sized, &get(&mut client, "vm", ns, "sized").await);
 
-        // A dry run: its kind and name, no text.
+        // A dry run: the fields the object would have, no text.
         let dry = apply(
             &mut client,
             &example("vm.yaml").replace("name: demo", "name: dry"),
@@ -174,10 +174,30 @@ fn an_apply_in_the_basic_view_answers_what_a_read_gives_but_the_text() {
         assert_eq!(
             (
                 object.kind.as_str(),
+                object.namespace.as_str(),
                 object.name.as_str(),
+                object.generation,
                 object.json.as_str()
             ),
-            ("VirtualMachine", "dry", "")
+            ("VirtualMachine", ns, "dry", 1, "")
+        );
+        assert!(uuid::Uuid::parse_str(&object.uid).is_ok(), "{object:?}");
+        // A dry-run update: what the full view answers, but the text.
+        let edit = example("vm.yaml").replace("guest: 256Mi", "guest: 512Mi");
+        let full = apply(&mut client, &edit, ns, Full, true)
+            .await
+            .expect("dry-run update, full");
+        let basic = apply(&mut client, &edit, ns, Basic, true)
+            .await
+            .expect("dry-run update, basic");
+        assert_eq!(basic.outcome, "configured");
+        let full = full.object.expect("an object");
+        assert_eq!(
+            basic.object.expect("an object"),
+            pb::Object {
+                json: String::new(),
+                ..full
+            }
         );
     });
 }
