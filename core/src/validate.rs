@@ -532,3 +532,28 @@ pub fn merge(results: impl IntoIterator<Item = Result<(), Rejection>>) -> Result
     }
     c.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_value_is_quoted_whole_and_a_long_one_cut_with_its_length() {
+        assert_eq!(shown("demo"), "\"demo\"");
+        let long = "é".repeat(1000);
+        let said = shown(&long);
+        assert!(said.starts_with(&format!("\"{}\"…", "é".repeat(SHOWN_CHARS_MAX))));
+        assert!(said.ends_with("(2000 bytes)"), "{said}");
+    }
+
+    #[test]
+    fn a_name_or_namespace_that_cannot_be_one_says_why() {
+        assert_eq!(name_problem("vm-1.a"), None);
+        assert_eq!(name_problem("").as_deref(), Some("is required"));
+        assert!(name_problem("BAD_NAME").is_some());
+        assert!(name_problem(&"a".repeat(254)).is_some());
+        assert_eq!(namespace_problem("team-a"), None);
+        assert!(namespace_problem("a.b").is_some());
+        assert!(namespace_problem("A B").is_some());
+    }
+}
