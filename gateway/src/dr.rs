@@ -81,7 +81,9 @@ use uuid::Uuid;
 use vmplane_core::Event;
 use vmplane_store::hash::{GENESIS_PREV_HASH, event_hash};
 use vmplane_store::sled_log::ImportOptions;
-use vmplane_store::{Claim, EventLog, FileLog, Position, RecordedEvent, SledLog, Timestamp};
+use vmplane_store::{
+    Claim, EventLog, FileLog, Position, RecordedEvent, RecordedEventRef, SledLog, Timestamp,
+};
 
 use crate::cli::Backend;
 
@@ -165,21 +167,27 @@ impl RestoreMarker {
 /// A stored event as a protobuf message.
 #[must_use]
 pub fn to_pb(e: &RecordedEvent) -> pb::LogEvent {
+    ref_to_pb(&e.as_ref())
+}
+
+/// A stored event, as a log's scan visits it in place, as a protobuf message.
+#[must_use]
+pub fn ref_to_pb(e: &RecordedEventRef<'_>) -> pb::LogEvent {
     pb::LogEvent {
         position: e.position.0,
-        stream: e.stream.clone(),
+        stream: e.stream.to_owned(),
         revision: e.revision,
         id: e.id.as_bytes().to_vec(),
         recorded_at_unix_nanos: e.recorded_at.0,
-        actor: e.actor.clone(),
+        actor: e.actor.to_owned(),
         correlation_id: e.correlation_id.as_bytes().to_vec(),
         causation_id: e
             .causation_id
             .map(|c| c.as_bytes().to_vec())
             .unwrap_or_default(),
-        event_type: e.event_type.clone(),
+        event_type: e.event_type.to_owned(),
         schema_version: u32::from(e.schema_version),
-        payload: e.payload.clone(),
+        payload: e.payload.to_vec(),
         prev_hash: e.prev_hash.to_vec(),
         hash: e.hash.to_vec(),
     }
