@@ -205,6 +205,26 @@ impl Rejection {
         )
     }
 
+    /// A manifest's `metadata.uid` (`expected`) that is not the live object's (`actual`):
+    /// the object it was read from is gone and another took its name.
+    pub fn uid_precondition(expected: uuid::Uuid, actual: Option<uuid::Uuid>) -> Self {
+        Self::one(
+            Category::Conflict,
+            Cause::new(
+                "metadata.uid",
+                codes::UID_CONFLICT,
+                match actual {
+                    Some(actual) => format!(
+                        "Precondition failed: UID in precondition: {expected}, UID in object \
+                         meta: {actual} (the object the manifest was read from is gone and \
+                         another took its name; remove metadata.uid to apply to this one)"
+                    ),
+                    None => format!("Precondition failed: UID in precondition: {expected}"),
+                },
+            ),
+        )
+    }
+
     /// Whether any cause has `code`.
     pub fn has_code(&self, code: &str) -> bool {
         self.causes.iter().any(|c| c.code == code)
@@ -308,6 +328,8 @@ pub mod codes {
     pub const GENERATION_CONFLICT: &str = "GENERATION_CONFLICT";
     /// Expected resourceVersion mismatch: the object changed since it was read.
     pub const RESOURCE_VERSION_CONFLICT: &str = "RESOURCE_VERSION_CONFLICT";
+    /// The manifest's `metadata.uid` is not the uid of the object living under its name.
+    pub const UID_CONFLICT: &str = "UID_CONFLICT";
     /// metadata.name/namespace in the manifest differ from the command's target.
     pub const NAME_MISMATCH: &str = "NAME_MISMATCH";
     /// A start request KubeVirt would refuse with 409.

@@ -17,7 +17,7 @@ use vmplane_core::selector::LabelSelector;
 use vmplane_core::types::{Kind, Manifest, parse_manifest};
 use vmplane_core::{ObjectCommand, Rejection, VmCommand, VmiCommand};
 use vmplane_projections::command::{
-    AsyncExecuted, Command, CommandError, CommandHandler, CommandMeta, Executed,
+    AsyncExecuted, Command, CommandError, CommandHandler, CommandMeta, Executed, Preconditions,
 };
 use vmplane_projections::render::{self, ObjectJson};
 use vmplane_projections::watch::WatchFilter;
@@ -338,6 +338,37 @@ fn describe(kind: Kind, namespace: &str, name: &str) -> String {
     } else {
         format!("{} {name}", kind.as_str())
     }
+}
+
+/// The preconditions an applied manifest's own `metadata.uid` and `metadata.resourceVersion`
+/// ask ([`Preconditions`]: checked on an update, ignored by a create). Not taken from an
+/// import (the uid and resourceVersion another cluster gave), nor for a snapshot, restore or
+/// clone (an apply drives their saga).
+fn manifest_preconditions(
+    metadata: &vmplane_core::types::ObjectMeta,
+    object: &str,
+) -> Result<Preconditions, Status> {
+    let uid = match metadata.uid.as_deref() {
+        None | Some("") => None,
+        Some(text) => Some(uuid::Uuid::parse_str(text).map_err(|_| {
+            Status::invalid_argument(format!(
+                "{object}: metadata.uid: {} is not a uid this server gave (remove it to apply \
+                 whatever object has the name)",
+                vmplane_core::validate::shown(text)
+            ))
+        })?),
+    };
+    let position = match metadata.resource_version.as_deref() {
+        None | Some("") => None,
+        Some(text) => Some(Position(text.parse::<u64>().map_err(|_| {
+            Status::invalid_argument(format!(
+                "{object}: metadata.resourceVersion: {} is not a resourceVersion this server \
+                 gave (a log position; remove it to apply whatever the object's version)",
+                vmplane_core::validate::shown(text)
+            ))
+        })?)),
+    };
+    Ok(Preconditions { uid, position })
 }
 
 /// How a manifest that does not parse is named in its error: `KIND NAMESPACE/NAME` when its
@@ -677,9 +708,15 @@ impl pb::objects_server::Objects for Api {
                 kind.as_str()
             )));
         }
+        let if_live = if r.import || crate::sagas::is_saga_kind(kind) {
+            Preconditions::default()
+        } else {
+            manifest_preconditions(manifest.metadata(), &object)?
+        };
         let command = apply_command(manifest, r.expected_generation, r.import);
         let meta = CommandMeta {
             expected_position,
+            if_live,
             ..meta(&p, ids)
         };
         let (commands, projections) = (self.commands.clone(), self.projections.clone());
@@ -747,7 +784,7 @@ impl pb::objects_server::Objects for Api {
                 let rendered = !matches!(kind, Kind::VirtualMachineInstance | Kind::KubeVirt);
                 let (outcome, written) = if rendered {
                     let (outcome, after) = commands
-                        .dry_run_with_state(command, expected_position)
+                        .dry_run_with_state(command, expected_position, if_live)
                         .map_err(|e| from_command(&reader, &object, e))?;
                     // A VM's basic view from its state alone; anything else rendered, its text
                     // then left out by the view.
@@ -765,7 +802,7 @@ impl pb::objects_server::Objects for Api {
                     (outcome, written)
                 } else {
                     let outcome = commands
-                        .dry_run_expecting(command, expected_position)
+                        .dry_run_expecting(command, expected_position, if_live)
                         .map_err(|e| from_command(&reader, &object, e))?;
                     (outcome, None)
                 };

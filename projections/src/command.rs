@@ -165,12 +165,51 @@ pub struct CommandMeta {
     /// is made on, and the append is conditional on that state: a read-modify-write (`patch`,
     /// `label`) never loses a change made since the read. Saga steps do not take it.
     pub expected_position: Option<Position>,
+    /// What the manifest's own `metadata.uid` and `metadata.resourceVersion` ask
+    /// ([`Preconditions`]): checked only when the object lives.
+    pub if_live: Preconditions,
+}
+
+/// What a manifest's own `metadata.uid` and `metadata.resourceVersion` ask, taken as
+/// Kubernetes takes them on an update: a manifest read with `get -o yaml`, edited and applied
+/// again is refused as a conflict if the object it was read from is gone and another took its
+/// name (`uid`), or if the object changed since (`resourceVersion`, the position of its last
+/// event). A create ignores them, as it ignores every field the server sets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Preconditions {
+    /// The uid the object must have.
+    pub uid: Option<Uuid>,
+    /// The position the object's stream must be at.
+    pub position: Option<Position>,
 }
 
 /// Refuses a decision on `snapshot` when the stream is expected at another position
 /// ([`CommandMeta::expected_position`]).
-fn check_expected(expected: Option<Position>, snapshot: &Snapshot) -> Result<(), CommandError> {
-    match expected {
+fn check_expected(
+    expected: Option<Position>,
+    if_live: Preconditions,
+    snapshot: &Snapshot,
+) -> Result<(), CommandError> {
+    if let Some(expected) = expected
+        && expected != snapshot.position
+    {
+        return Err(CommandError::Rejected(Rejection::stale(
+            expected.0,
+            snapshot.position.0,
+        )));
+    }
+    if !snapshot.state.is_live() {
+        return Ok(());
+    }
+    if let Some(uid) = if_live.uid
+        && snapshot.state.uid() != Some(uid)
+    {
+        return Err(CommandError::Rejected(Rejection::uid_precondition(
+            uid,
+            snapshot.state.uid(),
+        )));
+    }
+    match if_live.position {
         Some(expected) if expected != snapshot.position => Err(CommandError::Rejected(
             Rejection::stale(expected.0, snapshot.position.0),
         )),
@@ -314,7 +353,7 @@ impl CommandHandler {
         loop {
             attempts += 1;
             let (snapshot, revision) = self.load(&stream, kind)?;
-            check_expected(meta.expected_position, &snapshot)?;
+            check_expected(meta.expected_position, meta.if_live, &snapshot)?;
             let command = self.resolve(&snapshot.state, &command)?;
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
             let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
@@ -381,7 +420,7 @@ impl CommandHandler {
             let Some((snapshot, revision)) = snapshot else {
                 return Ok(AsyncExecuted::Uncached(command));
             };
-            check_expected(meta.expected_position, &snapshot)?;
+            check_expected(meta.expected_position, meta.if_live, &snapshot)?;
             if needs_resolving(&snapshot.state, &command) {
                 return Ok(AsyncExecuted::Blocking(command));
             }
@@ -507,6 +546,7 @@ impl CommandHandler {
         let meta = CommandMeta {
             request_id: None,
             expected_position: None,
+            if_live: Preconditions::default(),
             ..meta.clone()
         };
         let mut attempts = 0;
@@ -551,17 +591,19 @@ impl CommandHandler {
     /// Decides `command` against the current state without appending anything
     /// (`apply --dry-run`): the outcome it would have, or the rejection it gets.
     pub fn dry_run(&self, command: Command) -> Result<Outcome, CommandError> {
-        self.dry_run_expecting(command, None)
+        self.dry_run_expecting(command, None, Preconditions::default())
     }
 
     /// [`CommandHandler::dry_run`], refused as a conflict, as the command would be, when the
-    /// stream's last event is not at `expected` ([`CommandMeta::expected_position`]).
+    /// stream's last event is not at `expected` ([`CommandMeta::expected_position`]) or the
+    /// live object is not what `if_live` asks ([`CommandMeta::if_live`]).
     pub fn dry_run_expecting(
         &self,
         command: Command,
         expected: Option<Position>,
+        if_live: Preconditions,
     ) -> Result<Outcome, CommandError> {
-        let (_, decision) = self.decided_and_claimable(&command, expected)?;
+        let (_, decision) = self.decided_and_claimable(&command, expected, if_live)?;
         Ok(decision.outcome)
     }
 
@@ -573,8 +615,9 @@ impl CommandHandler {
         &self,
         command: Command,
         expected: Option<Position>,
+        if_live: Preconditions,
     ) -> Result<(Outcome, Snapshot), CommandError> {
-        let (snapshot, mut decision) = self.decided_and_claimable(&command, expected)?;
+        let (snapshot, mut decision) = self.decided_and_claimable(&command, expected, if_live)?;
         let mut after = after_decision(&snapshot, &mut decision);
         let now_ns = chrono::Utc::now().timestamp_nanos_opt().unwrap_or(i64::MAX);
         for event in &decision.events {
@@ -595,8 +638,9 @@ impl CommandHandler {
         &self,
         command: &Command,
         expected: Option<Position>,
+        if_live: Preconditions,
     ) -> Result<(Arc<Snapshot>, Decision), CommandError> {
-        let (snapshot, decision) = self.decided(command, expected)?;
+        let (snapshot, decision) = self.decided(command, expected, if_live)?;
         let claims = store_claims(&decision);
         let mut holders = std::collections::HashMap::new();
         for claim in &claims {
@@ -616,9 +660,10 @@ impl CommandHandler {
         &self,
         command: &Command,
         expected: Option<Position>,
+        if_live: Preconditions,
     ) -> Result<(Arc<Snapshot>, Decision), CommandError> {
         let (snapshot, _) = self.load(&command.stream(), command.kind())?;
-        check_expected(expected, &snapshot)?;
+        check_expected(expected, if_live, &snapshot)?;
         let command = self.resolve(&snapshot.state, command)?;
         let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
         Ok((snapshot, decision))
@@ -627,7 +672,7 @@ impl CommandHandler {
     /// The outcome of `command` and the state it would leave: decided on the current state
     /// and folded, never appended.
     fn preview(&self, command: Command) -> Result<(Outcome, AggState), CommandError> {
-        let (snapshot, mut decision) = self.decided(&command, None)?;
+        let (snapshot, mut decision) = self.decided(&command, None, Preconditions::default())?;
         let after = after_decision(&snapshot, &mut decision);
         Ok((decision.outcome, after.state))
     }

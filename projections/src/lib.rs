@@ -83,6 +83,7 @@ pub mod watch;
 pub use cache::{CacheOptions, StateCache};
 pub use command::{
     AsyncExecuted, Command, CommandError, CommandHandler, CommandMeta, CommandOptions, Executed,
+    Preconditions,
 };
 pub use error::{Error, Result};
 pub use features::{features_requested, state_features};

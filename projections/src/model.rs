@@ -149,6 +149,22 @@ impl AggState {
         }
     }
 
+    /// The uid of the object living under the stream's name (`None` if none lives).
+    #[must_use]
+    pub fn uid(&self) -> Option<Uuid> {
+        if !self.is_live() {
+            return None;
+        }
+        match self {
+            AggState::Vm(s) => s.uid,
+            AggState::Vmi(s) => s.uid,
+            AggState::Snapshot(s) => s.object.uid,
+            AggState::Restore(s) => s.object.uid,
+            AggState::Clone(s) => s.object.uid,
+            AggState::Object(s) => s.uid,
+        }
+    }
+
     /// Whether an object lives under the stream's name.
     #[must_use]
     pub fn is_live(&self) -> bool {

@@ -13,7 +13,7 @@ use vmplane_core::types::Kind;
 use vmplane_core::{Category, Outcome, VmCommand, codes};
 use vmplane_projections::{
     At, AuditQuery, AuditRecord, Command, CommandError, CommandHandler, CommandOptions, Error,
-    ProjectionOptions, Projections, WatchFilter, checkpoint,
+    Preconditions, ProjectionOptions, Projections, WatchFilter, checkpoint,
 };
 use vmplane_store::threads::{Policy, policies_of_threads_named};
 use vmplane_store::{EventLog, Position, Timestamp};
@@ -226,6 +226,71 @@ fn a_label_selector_pages_through_matching_objects_only() {
 }
 
 #[test]
+fn a_manifests_uid_and_resource_version_are_preconditions_of_an_update_and_ignored_by_a_create() {
+    use vmplane_core::types::Manifest;
+    use vmplane_projections::command::CommandMeta;
+    let env = env();
+    let first = env.apply_vm("alice", vm("team-a", "pre", "128Mi"));
+    let uid = env
+        .projections
+        .get(Kind::VirtualMachine, "team-a", "pre", None)
+        .expect("get")
+        .and_then(|v| v.uid)
+        .and_then(|u| uuid::Uuid::parse_str(&u).ok())
+        .expect("a uid");
+    let asking = |uid: Option<uuid::Uuid>, position: Option<Position>| CommandMeta {
+        actor: "carol".into(),
+        if_live: Preconditions { uid, position },
+        ..CommandMeta::default()
+    };
+    let edit = |memory: &str| {
+        Command::apply(Manifest::VirtualMachine(Box::new(vm(
+            "team-a", "pre", memory,
+        ))))
+    };
+    let head = env.log.head();
+    // Another object's uid, or a resourceVersion since changed: conflicts, nothing written.
+    for (meta, code) in [
+        (asking(Some(uuid::Uuid::nil()), None), codes::UID_CONFLICT),
+        (
+            asking(Some(uid), Some(Position(first.position.0 - 1))),
+            codes::RESOURCE_VERSION_CONFLICT,
+        ),
+    ] {
+        match env.commands.execute(&meta, edit("256Mi")) {
+            Err(CommandError::Rejected(r)) => {
+                assert_eq!(r.category, Category::Conflict);
+                assert!(r.has_code(code), "{r}");
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert!(matches!(
+            env.commands
+                .dry_run_expecting(edit("256Mi"), None, meta.if_live),
+            Err(CommandError::Rejected(_))
+        ));
+    }
+    assert_eq!(env.log.head(), head, "nothing appended");
+    // The object as it was read: the edit is made.
+    let done = env
+        .commands
+        .execute(&asking(Some(uid), Some(first.position)), edit("256Mi"))
+        .expect("as read");
+    assert_eq!(done.outcome, Outcome::Configured);
+    // A create ignores them, as every field the server sets.
+    let created = env
+        .commands
+        .execute(
+            &asking(Some(uuid::Uuid::nil()), Some(Position(12345))),
+            Command::apply(Manifest::VirtualMachine(Box::new(vm(
+                "team-a", "pre-new", "128Mi",
+            )))),
+        )
+        .expect("a create");
+    assert_eq!(created.outcome, Outcome::Created);
+}
+
+#[test]
 fn a_command_expecting_a_stale_position_is_refused_and_one_expecting_the_current_is_carried_out() {
     use vmplane_core::types::Manifest;
     use vmplane_projections::command::CommandMeta;
@@ -252,7 +317,8 @@ fn a_command_expecting_a_stale_position_is_refused_and_one_expecting_the_current
             other => panic!("expected a conflict, got {other:?}"),
         }
         assert!(matches!(
-            env.commands.dry_run_expecting(edit(), Some(stale)),
+            env.commands
+                .dry_run_expecting(edit(), Some(stale), Preconditions::default()),
             Err(CommandError::Rejected(_))
         ));
     }

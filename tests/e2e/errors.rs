@@ -943,3 +943,72 @@ fn a_request_that_cannot_name_an_object_is_invalid_naming_the_field_and_quoting_
         );
     });
 }
+
+#[test]
+fn a_manifest_read_with_get_and_applied_again_is_refused_once_its_object_changed_or_was_replaced() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-preconditions";
+    let (code, _, err) = apply_stdin(&vmplane, &vm_manifest("pre", &[]), &["-n", ns]);
+    assert_eq!(code, 0, "{err}");
+    let read = vmplane.ok(&["get", "vm", "pre", "-n", ns, "-o", "yaml"]);
+    assert!(
+        read.contains("resourceVersion:") && read.contains("uid:"),
+        "{read}"
+    );
+    // As read: the edit is made.
+    let edited = read.replace("guest: 256Mi", "guest: 512Mi");
+    let (code, out, err) = apply_stdin(&vmplane, &edited, &["-n", ns]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("configured"), "{out}");
+    // The same file again, with another edit: the object changed since it was read.
+    let (code, _, err) = apply_stdin(
+        &vmplane,
+        &read.replace("guest: 256Mi", "guest: 1Gi"),
+        &["-n", ns],
+    );
+    assert_ne!(code, 0);
+    let line = one_error_line(&err);
+    assert!(
+        line.contains("conflict:") && line.contains("metadata.resourceVersion"),
+        "{line}"
+    );
+    // Deleted and created again: the file's uid is another object's.
+    vmplane.ok(&["delete", "vm", "pre", "-n", ns]);
+    let (code, _, err) = apply_stdin(&vmplane, &vm_manifest("pre", &[]), &["-n", ns]);
+    assert_eq!(code, 0, "{err}");
+    let now = vmplane.ok(&["get", "vm", "pre", "-n", ns, "-o", "json"]);
+    let position: Value = serde_json::from_str(&now).expect("json");
+    let rv = position["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion");
+    let old_rv = read
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("resourceVersion: "))
+        .expect("resourceVersion line");
+    let replaced = read
+        .replace(old_rv, &format!("'{rv}'"))
+        .replace("guest: 256Mi", "guest: 2Gi");
+    let (code, _, err) = apply_stdin(&vmplane, &replaced, &["-n", ns]);
+    assert_ne!(code, 0);
+    let line = one_error_line(&err);
+    assert!(
+        line.contains("conflict:") && line.contains("metadata.uid"),
+        "{line}"
+    );
+    // Without them, the file applies over whatever is there.
+    let bare: String = read
+        .lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            !l.starts_with("uid:") && !l.starts_with("resourceVersion:")
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (code, out, err) = apply_stdin(
+        &vmplane,
+        &bare.replace("guest: 256Mi", "guest: 2Gi"),
+        &["-n", ns],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("configured"), "{out}");
+}
