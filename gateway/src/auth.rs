@@ -338,7 +338,10 @@ pub fn principal_of(
                 .and_then(|v| v.to_str().ok())
                 .and_then(bearer_token)
                 .ok_or_else(|| {
-                    tonic::Status::unauthenticated("no bearer token: pass --token or VMPLANE_TOKEN")
+                    tonic::Status::unauthenticated(
+                        "no bearer token: send the metadata `authorization: Bearer TOKEN` \
+                         (vmplane: pass --token or VMPLANE_TOKEN)",
+                    )
                 })?;
             auth.authenticate(token)
                 .ok_or_else(|| tonic::Status::unauthenticated("the bearer token is not valid"))?

@@ -406,8 +406,8 @@ pub fn parse_documents(input: &[u8]) -> Result<Vec<Value>, ParseError> {
         return Err(ParseError::TooComplex {
             document: 0,
             what: format!(
-                "flow collections ([ ] or {{ }}) nested more than {depth} levels deep; \
-                 the limit is {MANIFEST_DEPTH_MAX}"
+                "flow collections ([ ] or {{ }}) nested deeper than the limit of \
+                 {MANIFEST_DEPTH_MAX} levels (more than {depth} found)"
             ),
         });
     }
