@@ -1587,13 +1587,19 @@ fn next_watch_events(
 }
 
 /// The log's head as it moves, for watches to await without a thread each: one thread waits
-/// on the log ([`EventLog::wait_for`]) and publishes every new head. It ends once no receiver
-/// is left (the [`Api`] and its watches are gone), within a wait.
+/// on the log ([`EventLog::wait_for`]) and publishes every new head. While no watch is open
+/// (the [`Api`]'s own receiver is the only one) it only looks every 50 ms whether one is, so
+/// a server under writes and without watches is not woken for every commit. It ends once no
+/// receiver is left (the [`Api`] and its watches are gone).
 fn head_signal(log: Arc<dyn EventLog>) -> tokio::sync::watch::Receiver<u64> {
     let (tx, rx) = tokio::sync::watch::channel(log.head().0);
     let waiter = move || {
         let mut seen = log.head().0;
         while !tx.is_closed() {
+            if tx.receiver_count() <= 1 {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
             match log.wait_for(Position(seen + 1), WATCH_IDLE_TICK) {
                 Ok(head) if head.0 != seen => {
                     seen = head.0;
