@@ -7,6 +7,9 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 use crate::api::{Api, REQUEST_BYTES_MAX, RESPONSE_BYTES_MAX};
 use crate::auth::Authenticator;
@@ -144,7 +147,8 @@ fn check_listen_is_allowed(args: &ServeArgs) -> anyhow::Result<()> {
 }
 
 /// How long requests in flight may still finish after the shutdown signal (a watch ends at
-/// once, telling its client where to continue); their connections are closed after it.
+/// once, telling its client where to continue, and a health `Watch` once told NOT_SERVING);
+/// their connections are closed after it.
 const SHUTDOWN_DRAIN_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Opens the log, binds `args.listen`, and serves until `shutdown` completes.
@@ -177,14 +181,16 @@ pub async fn serve(
     // One shutdown signal for every listener.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Every vmplane service answers SERVING by its name (`grpc.health.v1.Health/Check` with
+    // `service: "vmplane.v1.Objects"`), as the overall server ("") does, until the shutdown.
+    let health_reporter = tonic_health::server::HealthReporter::new();
+    set_health(&health_reporter, ServingStatus::Serving).await;
+    let health_service = health_server(&health_reporter, stop_rx.clone());
     {
         let stopping = Arc::clone(&stopping);
         tokio::spawn(async move {
             shutdown.await;
-            // Open watches end (they would hold the graceful shutdown open), then the
-            // listeners stop taking requests and the ones in flight finish.
-            stopping.store(true, std::sync::atomic::Ordering::Release);
-            let _ = stop_tx.send(true);
+            stop_serving(&health_reporter, &stopping, &stop_tx).await;
         });
     }
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -226,39 +232,21 @@ pub async fn serve(
             .with_stopping(Arc::clone(&stopping)),
     );
 
-    // Every vmplane service answers SERVING by its name (`grpc.health.v1.Health/Check` with
-    // `service: "vmplane.v1.Objects"`), as the overall server ("") does.
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<pb::admin_server::AdminServer<AdminService>>()
-        .await;
-    health_reporter
-        .set_serving::<pb::objects_server::ObjectsServer<Api>>()
-        .await;
-    health_reporter
-        .set_serving::<pb::lifecycle_server::LifecycleServer<Api>>()
-        .await;
-    health_reporter
-        .set_serving::<pb::history_server::HistoryServer<Api>>()
-        .await;
-    health_reporter
-        .set_serving::<pb::cluster_server::ClusterServer<Api>>()
-        .await;
-    health_reporter
-        .set_serving::<pb::watch_server::WatchServer<Api>>()
-        .await;
-
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .context("build the reflection service")?;
+        .context("build the reflection service")?
+        .max_decoding_message_size(REQUEST_BYTES_MAX)
+        .max_encoding_message_size(RESPONSE_BYTES_MAX);
     // grpcurl 1.8 and Python's grpcio-reflection speak only v1alpha.
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
-        .context("build the reflection service")?;
+        .context("build the reflection service")?
+        .max_decoding_message_size(REQUEST_BYTES_MAX)
+        .max_encoding_message_size(RESPONSE_BYTES_MAX);
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -282,6 +270,10 @@ pub async fn serve(
             tokio::time::sleep(SHUTDOWN_DRAIN_MAX).await;
         }
     };
+    // Every service states its message limits (tonic's defaults, 4 MiB in and no bound out,
+    // are nobody's decision): a request at most REQUEST_BYTES_MAX (a manifest at core's limit
+    // and its framing; a larger one is refused before any handler, `status::request_too_large`
+    // words the refusal), an answer at most RESPONSE_BYTES_MAX.
     let router = grpc
         .layer(MetricsLayer::new(metrics.clone()))
         .add_service(health_service)
@@ -292,6 +284,7 @@ pub async fn serve(
                 AdminService::new(log.clone(), args.backend.name())
                     .with_auth_and_data(auth.clone(), &args.data),
             )
+            .max_decoding_message_size(REQUEST_BYTES_MAX)
             .max_encoding_message_size(RESPONSE_BYTES_MAX),
         )
         .add_service(
@@ -301,17 +294,23 @@ pub async fn serve(
         )
         .add_service(
             pb::lifecycle_server::LifecycleServer::from_arc(api.clone())
-                .max_decoding_message_size(REQUEST_BYTES_MAX),
+                .max_decoding_message_size(REQUEST_BYTES_MAX)
+                .max_encoding_message_size(RESPONSE_BYTES_MAX),
         )
         .add_service(
             pb::history_server::HistoryServer::from_arc(api.clone())
                 .max_decoding_message_size(REQUEST_BYTES_MAX)
                 .max_encoding_message_size(RESPONSE_BYTES_MAX),
         )
-        .add_service(pb::cluster_server::ClusterServer::from_arc(api.clone()))
+        .add_service(
+            pb::cluster_server::ClusterServer::from_arc(api.clone())
+                .max_decoding_message_size(REQUEST_BYTES_MAX)
+                .max_encoding_message_size(RESPONSE_BYTES_MAX),
+        )
         .add_service(
             pb::watch_server::WatchServer::from_arc(api.clone())
-                .max_decoding_message_size(REQUEST_BYTES_MAX),
+                .max_decoding_message_size(REQUEST_BYTES_MAX)
+                .max_encoding_message_size(RESPONSE_BYTES_MAX),
         );
     // TLS is accepted here, not by tonic, so that the stream h2 writes to is `PlainWrites`
     // over TLS too (see there).
@@ -352,6 +351,137 @@ pub async fn serve(
     .await;
     tracing::info!("vmplane stopped");
     Ok(())
+}
+
+/// The names the health service answers for: the server as a whole (`""`) and each vmplane
+/// service.
+const HEALTH_NAMES: [&str; 7] = [
+    "",
+    pb::admin_server::SERVICE_NAME,
+    pb::objects_server::SERVICE_NAME,
+    pb::lifecycle_server::SERVICE_NAME,
+    pb::history_server::SERVICE_NAME,
+    pb::cluster_server::SERVICE_NAME,
+    pb::watch_server::SERVICE_NAME,
+];
+
+/// Sets every name of [`HEALTH_NAMES`] to `status` (watchers of each are told).
+async fn set_health(reporter: &tonic_health::server::HealthReporter, status: ServingStatus) {
+    for name in HEALTH_NAMES {
+        reporter.set_service_status(name, status).await;
+    }
+}
+
+/// The shutdown, in order: every health name NOT_SERVING first, so that load balancers (and
+/// every open health `Watch`) hear it while the server still answers and stop sending it
+/// traffic; then `stopping` (open vmplane watches end: they would hold the graceful shutdown
+/// open) and `stop` (the health watches end, the listeners stop taking requests and the ones in
+/// flight finish).
+async fn stop_serving(
+    health: &tonic_health::server::HealthReporter,
+    stopping: &std::sync::atomic::AtomicBool,
+    stop: &tokio::sync::watch::Sender<bool>,
+) {
+    set_health(health, ServingStatus::NotServing).await;
+    stopping.store(true, std::sync::atomic::Ordering::Release);
+    let _ = stop.send(true);
+}
+
+/// The standard health service over `reporter`'s statuses, its `Watch` streams ended once
+/// `stop` says true (see [`EndingHealth`]).
+fn health_server(
+    reporter: &tonic_health::server::HealthReporter,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> HealthServer<EndingHealth> {
+    HealthServer::new(EndingHealth {
+        inner: tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
+        stop,
+    })
+    .max_decoding_message_size(REQUEST_BYTES_MAX)
+    .max_encoding_message_size(RESPONSE_BYTES_MAX)
+}
+
+/// tonic-health's service, whose `Watch` streams end when the server stops. Left to itself a
+/// `Watch` never ends (it waits for the next change of status), so every open one held the
+/// graceful shutdown for its whole drain bound ([`SHUTDOWN_DRAIN_MAX`]). `Check` is tonic-health's
+/// own, called as it is: no second boxed future on the path of the cheapest request.
+struct EndingHealth {
+    inner: tonic_health::server::HealthService,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+#[tonic::async_trait]
+impl Health for EndingHealth {
+    fn check<'life0, 'async_trait>(
+        &'life0 self,
+        request: tonic::Request<HealthCheckRequest>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn Future<Output = Result<tonic::Response<HealthCheckResponse>, tonic::Status>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.inner.check(request)
+    }
+
+    type WatchStream = EndingWatch;
+
+    async fn watch(
+        &self,
+        request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<EndingWatch>, tonic::Status> {
+        let statuses = self.inner.watch(request).await?.into_inner();
+        let mut stop = self.stop.clone();
+        Ok(tonic::Response::new(EndingWatch {
+            statuses,
+            stop: Box::pin(async move {
+                // A closed channel (the server gone) ends the watch too.
+                let _ = stop.wait_for(|stop| *stop).await;
+            }),
+            ended: false,
+        }))
+    }
+}
+
+/// A health `Watch` stream that ends when the server stops: first every status set before the
+/// stop (the NOT_SERVING of [`stop_serving`]), then `UNAVAILABLE`, which tells a client to
+/// watch again elsewhere.
+struct EndingWatch {
+    statuses: tonic_health::server::WatchStream,
+    stop: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    ended: bool,
+}
+
+impl tokio_stream::Stream for EndingWatch {
+    type Item = Result<HealthCheckResponse, tonic::Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        // The statuses first: one set before the stop is delivered before the end.
+        if let Poll::Ready(status) = std::pin::Pin::new(&mut self.statuses).poll_next(cx) {
+            return Poll::Ready(status);
+        }
+        match self.stop.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.ended = true;
+                Poll::Ready(Some(Err(tonic::Status::unavailable(
+                    "the server is shutting down",
+                ))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// Accepted connections with `TCP_NODELAY`: small gRPC frames must not wait for Nagle's
@@ -878,6 +1008,52 @@ mod tests {
         );
         // Only what the user gave counts as given: the default is not a flag sled refuses.
         assert_eq!(serve_args(&[]).group_commit_linger_us, None);
+    }
+
+    #[tokio::test]
+    async fn the_shutdown_tells_every_health_watch_not_serving_then_ends_it() {
+        use tokio_stream::StreamExt as _;
+        use tonic_health::pb::health_check_response::ServingStatus as Wire;
+        use tonic_health::pb::health_server::Health as _;
+        let reporter = tonic_health::server::HealthReporter::new();
+        super::set_health(&reporter, tonic_health::ServingStatus::Serving).await;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let health = super::EndingHealth {
+            inner: tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
+            stop: stop_rx,
+        };
+        let ask = |name: &str| {
+            tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+                service: name.into(),
+            })
+        };
+        let mut watches = Vec::new();
+        for name in super::HEALTH_NAMES {
+            let mut watch = health.watch(ask(name)).await.expect("watch").into_inner();
+            let now = watch.next().await.expect("a status").expect("a status");
+            assert_eq!(now.status(), Wire::Serving, "{name:?}");
+            watches.push((name, watch));
+        }
+        let stopping = std::sync::atomic::AtomicBool::new(false);
+        super::stop_serving(&reporter, &stopping, &stop_tx).await;
+        assert!(stopping.load(std::sync::atomic::Ordering::Acquire));
+        for (name, mut watch) in watches {
+            let last = watch.next().await.expect("a status").expect("a status");
+            assert_eq!(last.status(), Wire::NotServing, "{name:?}");
+            let end = watch.next().await.expect("an end").expect_err("an error");
+            assert_eq!(end.code(), tonic::Code::Unavailable, "{name:?}");
+            assert!(watch.next().await.is_none(), "{name:?}");
+        }
+        // While the requests in flight drain, a `Check` says NOT_SERVING (the name is still
+        // known), and a `Watch` opened now says so, then ends at once.
+        let checked = health.check(ask("")).await.expect("check").into_inner();
+        assert_eq!(checked.status(), Wire::NotServing);
+        let mut late = health.watch(ask("")).await.expect("watch").into_inner();
+        let now = late.next().await.expect("a status").expect("a status");
+        assert_eq!(now.status(), Wire::NotServing);
+        let end = late.next().await.expect("an end").expect_err("an error");
+        assert_eq!(end.code(), tonic::Code::Unavailable);
+        assert!(late.next().await.is_none());
     }
 
     #[test]

@@ -96,11 +96,19 @@ pub fn from_store(context: &str, err: &vmplane_store::Error) -> Status {
     }
 }
 
+/// The methods whose request carries a manifest (`Apply`, an import included, and `Expand` of
+/// a manifest): only their oversized requests are told about the manifest's own limit.
+const MANIFEST_METHODS: [&str; 2] = ["/vmplane.v1.Objects/Apply", "/vmplane.v1.Objects/Expand"];
+
 /// tonic refuses a request above the server's message limit before any handler runs, as
 /// `OUT_OF_RANGE` "Error, decoded message length too large: found N bytes, the limit is: M
 /// bytes". vmplane's code for input over a size limit is `RESOURCE_EXHAUSTED` (a manifest just
-/// over its own limit gets it from core): the same answer here, saying what to do.
-pub fn request_too_large(headers: &mut http::HeaderMap) {
+/// over its own limit gets it from core): the same answer here, in vmplane's words. `path` is
+/// the request's path (`/vmplane.v1.Objects/Apply`; the metrics' method label, which is the
+/// path of every method served, will do): a request that carries a manifest is also told the
+/// manifest's limit and what to do, any other only its size and the limit (the advice to split
+/// a file means nothing to a `Get` whose name is 2 MB).
+pub fn request_too_large(path: &str, headers: &mut http::HeaderMap) {
     let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
     if headers.get("grpc-status").and_then(|v| v.to_str().ok()) != Some(out_of_range.as_str()) {
         return;
@@ -118,11 +126,14 @@ pub fn request_too_large(headers: &mut http::HeaderMap) {
         .filter(|n| !n.is_empty())
         .collect();
     let text = match numbers.as_slice() {
-        [found, limit, ..] => format!(
+        [found, limit, ..] if MANIFEST_METHODS.contains(&path) => format!(
             "request: {found} bytes, more than the {limit} bytes a request may hold (a manifest \
              may be at most {} bytes; split the file into smaller objects)",
             vmplane_core::limits::MANIFEST_BYTES_MAX
         ),
+        [found, limit, ..] => {
+            format!("request: {found} bytes, more than the {limit} bytes a request may hold")
+        }
         _ => "request: larger than a request may be".to_string(),
     };
     let code = (tonic::Code::ResourceExhausted as i32).to_string();
@@ -204,6 +215,81 @@ mod tests {
                 hidden.message()
             );
         }
+    }
+
+    /// Headers as tonic answers a request of `found` bytes over a `limit` of 1,114,112.
+    fn refused_as_too_large(found: usize) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-status", http::HeaderValue::from_static("11"));
+        let message = format!(
+            "Error,%20decoded%20message%20length%20too%20large:%20found%20{found}%20bytes,\
+             %20the%20limit%20is:%201114112%20bytes"
+        );
+        headers.insert(
+            "grpc-message",
+            http::HeaderValue::from_str(&message).expect("ascii"),
+        );
+        headers
+    }
+
+    fn status_and_message(headers: &http::HeaderMap) -> (&str, &str) {
+        let get = |name| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+        };
+        (get("grpc-status"), get("grpc-message"))
+    }
+
+    #[test]
+    fn an_oversized_manifest_is_told_the_manifests_limit_and_to_split_the_file() {
+        for path in ["/vmplane.v1.Objects/Apply", "/vmplane.v1.Objects/Expand"] {
+            let mut headers = refused_as_too_large(2_000_000);
+            request_too_large(path, &mut headers);
+            let (code, message) = status_and_message(&headers);
+            assert_eq!(code, "8", "{path}: RESOURCE_EXHAUSTED");
+            assert_eq!(
+                message,
+                format!(
+                    "request: 2000000 bytes, more than the 1114112 bytes a request may hold (a \
+                     manifest may be at most {} bytes; split the file into smaller objects)",
+                    vmplane_core::limits::MANIFEST_BYTES_MAX
+                ),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_oversized_request_without_a_manifest_is_told_its_size_and_the_limit_only() {
+        for path in [
+            "/vmplane.v1.Objects/Get",
+            "/vmplane.v1.Lifecycle/Start",
+            "/vmplane.v1.Cluster/FeatureUsage",
+            "/grpc.health.v1.Health/Check",
+            "unknown",
+        ] {
+            let mut headers = refused_as_too_large(2_000_000);
+            request_too_large(path, &mut headers);
+            assert_eq!(
+                status_and_message(&headers),
+                (
+                    "8",
+                    "request: 2000000 bytes, more than the 1114112 bytes a request may hold"
+                ),
+                "{path}"
+            );
+        }
+        // Any other status passes untouched.
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-status", http::HeaderValue::from_static("5"));
+        headers.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("not%20found"),
+        );
+        request_too_large("/vmplane.v1.Objects/Get", &mut headers);
+        assert_eq!(status_and_message(&headers), ("5", "not%20found"));
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `--metrics-listen`: Prometheus metrics by method and code, log position, lag, VMs by status;
-//! and the tracing span of every request.
+//! `--metrics-listen`: Prometheus metrics by method and final code (a stream's when it ends),
+//! log position, lag, VMs by status; and the tracing span of every request.
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -41,9 +41,9 @@ fn metrics_count_requests_by_method_and_code_and_report_vms_by_status() {
 
     let text = scrape(port);
     for want in [
-        r#"vmplane_grpc_server_handled_total{method="/vmplane.v1.Objects/Apply",code="Ok"} 1"#,
+        r#"vmplane_grpc_server_handled_total{method="/vmplane.v1.Objects/Apply",code="OK"} 1"#,
         r#"vmplane_grpc_server_handled_total{method="/vmplane.v1.Objects/Get",code="NotFound"} 1"#,
-        r#"vmplane_grpc_server_handling_seconds_count{method="/vmplane.v1.Objects/Apply",code="Ok"} 1"#,
+        r#"vmplane_grpc_server_handling_seconds_count{method="/vmplane.v1.Objects/Apply",code="OK"} 1"#,
         r#"vmplane_grpc_server_handling_seconds_count{method="/vmplane.v1.Objects/Get",code="NotFound"} 1"#,
         "vmplane_log_head_position 1",
         "vmplane_projection_lag_events 0",
@@ -114,7 +114,7 @@ fn requests_to_made_up_paths_share_one_unknown_method_series() {
         format!(
             r#"vmplane_grpc_server_handling_seconds_count{{method="unknown",code="Unimplemented"}} {junk}"#
         ),
-        r#"vmplane_grpc_server_handled_total{method="/grpc.health.v1.Health/Check",code="Ok"} 1"#
+        r#"vmplane_grpc_server_handled_total{method="/grpc.health.v1.Health/Check",code="OK"} 1"#
             .to_string(),
     ] {
         assert!(text.contains(&want), "missing {want:?} in:\n{text}");
@@ -207,4 +207,96 @@ fn a_request_span_names_the_principal_and_the_object() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The `handled_total` samples of `method` in the scrape `text`.
+fn handled_of(text: &str, method: &str) -> Vec<String> {
+    let series = format!(r#"vmplane_grpc_server_handled_total{{method="{method}","#);
+    text.lines()
+        .filter(|l| l.starts_with(&series))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn streams_are_counted_when_they_end_by_their_final_code_not_when_they_start() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use vmplane_gateway::pb::{
+        BackupRequest, WatchRequest, admin_client::AdminClient, watch_client::WatchClient,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (server, port) = metrics_server(dir.path());
+    let (watch, health_watch, backup) = (
+        "/vmplane.v1.Watch/Watch",
+        "/grpc.health.v1.Health/Watch",
+        "/vmplane.v1.Admin/Backup",
+    );
+    rt().block_on(async {
+        let channel = channel(&server).await;
+        let events = WatchClient::new(channel.clone())
+            .watch(WatchRequest {
+                all_namespaces: true,
+                ..Default::default()
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        let mut statuses = HealthClient::new(channel.clone())
+            .watch(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("health watch")
+            .into_inner();
+        let first = statuses.message().await.expect("a status").expect("one");
+        assert_eq!(first.status(), ServingStatus::Serving);
+        // A backup streams to its end, and is counted then.
+        let mut chunks = AdminClient::new(channel.clone())
+            .backup(BackupRequest {})
+            .await
+            .expect("backup")
+            .into_inner();
+        while chunks.message().await.expect("a chunk").is_some() {}
+
+        let text = scrape(port);
+        for open in [watch, health_watch] {
+            assert_eq!(
+                handled_of(&text, open),
+                Vec::<String>::new(),
+                "an open stream is counted:\n{text}"
+            );
+        }
+        assert_eq!(
+            handled_of(&text, backup),
+            [format!(
+                r#"vmplane_grpc_server_handled_total{{method="{backup}",code="OK"}} 1"#
+            )],
+            "{text}"
+        );
+
+        // The client goes away: each stream ends then, cancelled.
+        drop(events);
+        drop(statuses);
+        let want = |method: &str| {
+            [format!(
+                r#"vmplane_grpc_server_handled_total{{method="{method}",code="Canceled"}} 1"#
+            )]
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // Lets the connection's task send the streams' resets.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let text = scrape(port);
+            if handled_of(&text, watch) == want(watch)
+                && handled_of(&text, health_watch) == want(health_watch)
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cancelled streams not counted as Canceled:\n{text}"
+            );
+        }
+    });
 }

@@ -325,3 +325,159 @@ fn serve_refuses_a_hypervisor_it_cannot_open_with_the_cause_said_once() {
         "the cause once: {line}"
     );
 }
+
+/// Reads `stream` to its end: each status it sends, then how it ended (`ended Unavailable`).
+async fn health_watch_to_its_end(
+    service: &str,
+    mut stream: tonic::Streaming<tonic_health::pb::HealthCheckResponse>,
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        match stream.message().await {
+            Ok(Some(status)) => seen.push(format!("{service:?}: {:?}", status.status())),
+            Ok(None) => {
+                seen.push(format!("{service:?}: ended Ok"));
+                return seen;
+            }
+            Err(status) => {
+                seen.push(format!("{service:?}: ended {:?}", status.code()));
+                return seen;
+            }
+        }
+    }
+}
+
+#[test]
+fn serve_tells_health_watchers_not_serving_on_sigterm_and_exits_without_waiting_for_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let url = server.url.clone();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    // The watcher keeps its connection served on a thread of its own while this one waits for
+    // the server's exit.
+    let watcher = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let channel = tonic::transport::Channel::from_shared(url)
+                .expect("url")
+                .connect()
+                .await
+                .expect("connect to vmplane");
+            let mut health = HealthClient::new(channel);
+            let mut watches = Vec::new();
+            for service in ["", vmplane_gateway::pb::objects_server::SERVICE_NAME] {
+                let mut stream = health
+                    .watch(HealthCheckRequest {
+                        service: service.into(),
+                    })
+                    .await
+                    .expect("health watch")
+                    .into_inner();
+                let first = stream
+                    .message()
+                    .await
+                    .expect("a status")
+                    .expect("the current status");
+                assert_eq!(first.status(), ServingStatus::Serving, "{service:?}");
+                watches.push((service, stream));
+            }
+            ready_tx.send(()).expect("the test waits");
+            let mut watches = watches.into_iter();
+            let (a, b) = (watches.next().expect("two"), watches.next().expect("two"));
+            let (a, b) = tokio::join!(
+                health_watch_to_its_end(a.0, a.1),
+                health_watch_to_its_end(b.0, b.1)
+            );
+            [a, b].concat()
+        })
+    });
+    ready
+        .recv_timeout(Duration::from_secs(30))
+        .expect("both watches see SERVING");
+    // 8 s only guards against a hang (the drain's bound is 10 s): the assert is the exit.
+    let status = server.terminate(Duration::from_secs(8));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    let seen = watcher.join().expect("the watcher");
+    assert_eq!(
+        seen,
+        [
+            r#""": NotServing"#,
+            r#""": ended Unavailable"#,
+            r#""vmplane.v1.Objects": NotServing"#,
+            r#""vmplane.v1.Objects": ended Unavailable"#,
+        ]
+    );
+}
+
+#[test]
+fn serve_refuses_an_oversized_request_to_any_service_and_speaks_of_manifests_only_to_apply() {
+    use vmplane_gateway::pb::{
+        ApplyRequest, FeatureUsageRequest, GetRequest, LifecycleRequest, ObjectRef,
+        cluster_client::ClusterClient, lifecycle_client::LifecycleClient,
+        objects_client::ObjectsClient,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
+    // Over the server's request limit (a manifest's 1 MiB and framing), under tonic's 4 MiB.
+    let big = "a".repeat(2_000_000);
+    let refusals = rt().block_on(async {
+        let channel = channel(&server).await;
+        let cluster = ClusterClient::new(channel.clone())
+            .feature_usage(FeatureUsageRequest {
+                feature: big.clone(),
+            })
+            .await;
+        let lifecycle = LifecycleClient::new(channel.clone())
+            .start(LifecycleRequest {
+                name: big.clone(),
+                ..Default::default()
+            })
+            .await;
+        let get = ObjectsClient::new(channel.clone())
+            .get(GetRequest {
+                r#ref: Some(ObjectRef {
+                    kind: "vm".into(),
+                    namespace: "default".into(),
+                    name: big.clone(),
+                }),
+                ..Default::default()
+            })
+            .await;
+        let health = HealthClient::new(channel.clone())
+            .check(HealthCheckRequest {
+                service: big.clone(),
+            })
+            .await;
+        let apply = ObjectsClient::new(channel.clone())
+            .apply(ApplyRequest {
+                manifest: big.clone(),
+                ..Default::default()
+            })
+            .await;
+        [
+            ("Cluster/FeatureUsage", cluster.map(drop)),
+            ("Lifecycle/Start", lifecycle.map(drop)),
+            ("Objects/Get", get.map(drop)),
+            ("Health/Check", health.map(drop)),
+            ("Objects/Apply", apply.map(drop)),
+        ]
+    });
+    for (method, refused) in refusals {
+        let status = refused.expect_err(method);
+        assert_eq!(
+            status.code(),
+            tonic::Code::ResourceExhausted,
+            "{method}: {status:?}"
+        );
+        let message = status.message();
+        assert!(
+            message.starts_with("request: ")
+                && message.contains("bytes, more than the 1114112 bytes a request may hold"),
+            "{method}: {message}"
+        );
+        assert_eq!(
+            message.contains("manifest") && message.contains("split the file"),
+            method == "Objects/Apply",
+            "{method}: {message}"
+        );
+    }
+}
