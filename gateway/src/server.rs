@@ -435,7 +435,20 @@ impl Health for EndingHealth {
         &self,
         request: tonic::Request<HealthCheckRequest>,
     ) -> Result<tonic::Response<EndingWatch>, tonic::Status> {
-        let statuses = self.inner.watch(request).await?.into_inner();
+        let statuses: HealthStatuses = match self.inner.watch(request).await {
+            Ok(statuses) => Box::pin(statuses.into_inner()),
+            // The health protocol: a name the server does not know is SERVICE_UNKNOWN, and the
+            // call stays open (tonic-health refuses it with NOT_FOUND).
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                use tokio_stream::StreamExt as _;
+                let unknown = HealthCheckResponse {
+                    status: tonic_health::pb::health_check_response::ServingStatus::ServiceUnknown
+                        as i32,
+                };
+                Box::pin(tokio_stream::once(Ok(unknown)).chain(tokio_stream::pending()))
+            }
+            Err(status) => return Err(status),
+        };
         let mut stop = self.stop.clone();
         Ok(tonic::Response::new(EndingWatch {
             statuses,
@@ -448,11 +461,16 @@ impl Health for EndingHealth {
     }
 }
 
+/// The statuses a health `Watch` reports, until the server stops.
+type HealthStatuses = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<HealthCheckResponse, tonic::Status>> + Send>,
+>;
+
 /// A health `Watch` stream that ends when the server stops: first every status set before the
 /// stop (the NOT_SERVING of [`stop_serving`]), then `UNAVAILABLE`, which tells a client to
 /// watch again elsewhere.
 struct EndingWatch {
-    statuses: tonic_health::server::WatchStream,
+    statuses: HealthStatuses,
     stop: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     ended: bool,
 }
@@ -469,7 +487,7 @@ impl tokio_stream::Stream for EndingWatch {
             return Poll::Ready(None);
         }
         // The statuses first: one set before the stop is delivered before the end.
-        if let Poll::Ready(status) = std::pin::Pin::new(&mut self.statuses).poll_next(cx) {
+        if let Poll::Ready(status) = self.statuses.as_mut().poll_next(cx) {
             return Poll::Ready(status);
         }
         match self.stop.as_mut().poll(cx) {
@@ -1054,6 +1072,35 @@ mod tests {
         let end = late.next().await.expect("an end").expect_err("an error");
         assert_eq!(end.code(), tonic::Code::Unavailable);
         assert!(late.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_health_watch_of_an_unknown_name_says_service_unknown_and_stays_open() {
+        use tokio_stream::StreamExt as _;
+        use tonic_health::pb::health_check_response::ServingStatus as Wire;
+        use tonic_health::pb::health_server::Health as _;
+        let reporter = tonic_health::server::HealthReporter::new();
+        super::set_health(&reporter, tonic_health::ServingStatus::Serving).await;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let health = super::EndingHealth {
+            inner: tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
+            stop: stop_rx,
+        };
+        let mut watch = health
+            .watch(tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+                service: "nope".into(),
+            }))
+            .await
+            .expect("a watch, not NOT_FOUND")
+            .into_inner();
+        let first = watch.next().await.expect("a status").expect("a status");
+        assert_eq!(first.status(), Wire::ServiceUnknown);
+        let open = tokio::time::timeout(std::time::Duration::from_millis(100), watch.next()).await;
+        assert!(open.is_err(), "the call stays open: {open:?}");
+        let stopping = std::sync::atomic::AtomicBool::new(false);
+        super::stop_serving(&reporter, &stopping, &stop_tx).await;
+        let end = watch.next().await.expect("an end").expect_err("an error");
+        assert_eq!(end.code(), tonic::Code::Unavailable);
     }
 
     #[test]
