@@ -1028,11 +1028,12 @@ mod tests {
         assert_eq!(serve_args(&[]).group_commit_linger_us, None);
     }
 
-    #[tokio::test]
-    async fn the_shutdown_tells_every_health_watch_not_serving_then_ends_it() {
-        use tokio_stream::StreamExt as _;
-        use tonic_health::pb::health_check_response::ServingStatus as Wire;
-        use tonic_health::pb::health_server::Health as _;
+    /// A health service with every name SERVING, its reporter and its stop signal.
+    async fn serving_health() -> (
+        tonic_health::server::HealthReporter,
+        tokio::sync::watch::Sender<bool>,
+        super::EndingHealth,
+    ) {
         let reporter = tonic_health::server::HealthReporter::new();
         super::set_health(&reporter, tonic_health::ServingStatus::Serving).await;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -1040,6 +1041,15 @@ mod tests {
             inner: tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
             stop: stop_rx,
         };
+        (reporter, stop_tx, health)
+    }
+
+    #[tokio::test]
+    async fn the_shutdown_tells_every_health_watch_not_serving_then_ends_it() {
+        use tokio_stream::StreamExt as _;
+        use tonic_health::pb::health_check_response::ServingStatus as Wire;
+        use tonic_health::pb::health_server::Health as _;
+        let (reporter, stop_tx, health) = serving_health().await;
         let ask = |name: &str| {
             tonic::Request::new(tonic_health::pb::HealthCheckRequest {
                 service: name.into(),
@@ -1079,13 +1089,7 @@ mod tests {
         use tokio_stream::StreamExt as _;
         use tonic_health::pb::health_check_response::ServingStatus as Wire;
         use tonic_health::pb::health_server::Health as _;
-        let reporter = tonic_health::server::HealthReporter::new();
-        super::set_health(&reporter, tonic_health::ServingStatus::Serving).await;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let health = super::EndingHealth {
-            inner: tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
-            stop: stop_rx,
-        };
+        let (reporter, stop_tx, health) = serving_health().await;
         let mut watch = health
             .watch(tonic::Request::new(tonic_health::pb::HealthCheckRequest {
                 service: "nope".into(),
