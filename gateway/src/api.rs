@@ -1255,8 +1255,13 @@ impl pb::history_server::History for Api {
                 }
                 other => other.map_err(|e| from_projection(&object, e))?,
             };
-            let revisions = entries
+            let older = match r.limit {
+                0 => 0,
+                limit => entries.len().saturating_sub(limit as usize),
+            };
+            let revisions: Vec<pb::Revision> = entries
                 .into_iter()
+                .skip(older)
                 .map(|h| pb::Revision {
                     revision: h.revision,
                     position: h.position,
@@ -1267,7 +1272,21 @@ impl pb::history_server::History for Api {
                     summary: h.summary,
                 })
                 .collect();
-            Ok(Response::new(pb::HistoryResponse { revisions }))
+            let response = pb::HistoryResponse {
+                revisions,
+                older: older as u64,
+            };
+            // Refused whole rather than cut by the transport: say how to ask for less.
+            let bytes = prost::Message::encoded_len(&response);
+            if bytes > RESPONSE_BYTES_MAX {
+                return Err(Status::resource_exhausted(format!(
+                    "{object}: its {} revisions are {bytes} bytes, more than the \
+                     {RESPONSE_BYTES_MAX} a response may hold; ask for the newest with limit \
+                     (`vmplane history --limit N`)",
+                    response.revisions.len()
+                )));
+            }
+            Ok(Response::new(response))
         })
         .await
     }

@@ -1095,6 +1095,10 @@ pub struct HistoryArgs {
     pub kind: String,
     /// Name of the VM.
     pub name: String,
+    /// At most this many revisions, the newest (0: all of them); stderr says how many older
+    /// ones were left out.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub limit: u32,
 }
 
 #[derive(Debug, Clone, Args)]

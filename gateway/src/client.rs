@@ -1307,6 +1307,7 @@ pub async fn history(c: &mut Clients, g: &GlobalArgs, a: &HistoryArgs) -> anyhow
                 name: a.name.clone(),
             }),
             min_position: 0,
+            limit: a.limit,
         })
         .await
         .map_err(|status| {
@@ -1314,7 +1315,14 @@ pub async fn history(c: &mut Clients, g: &GlobalArgs, a: &HistoryArgs) -> anyhow
         })?
         .into_inner();
     let mut out = std::io::stdout().lock();
-    print::history(&mut out, g.output, &resp.revisions)
+    print::history(&mut out, g.output, &resp.revisions)?;
+    if resp.older > 0 {
+        eprintln!(
+            "{} older revisions not shown: raise --limit (now {}), or 0 for all.",
+            resp.older, a.limit
+        );
+    }
+    Ok(())
 }
 
 /// `describe`: the object for people, with its latest events from the log.
@@ -1342,6 +1350,7 @@ pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyh
             r#ref: Some(object),
             // Read at least as far as the object just shown, so its last event is listed.
             min_position: obj.resource_version,
+            limit: u32::try_from(a.events).unwrap_or(u32::MAX),
         })
         .await
         .map_err(|status| status_error_about(status, Some(&about)))?
@@ -1373,6 +1382,7 @@ pub async fn diff(c: &mut Clients, g: &GlobalArgs, a: &DiffArgs) -> anyhow::Resu
             .history(pb::HistoryRequest {
                 r#ref: Some(object.clone()),
                 min_position: 0,
+                limit: 1,
             })
             .await
             .map_err(|status| status_error_about(status, Some(&about)))?

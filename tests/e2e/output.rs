@@ -224,6 +224,16 @@ fn history_audit_and_watch_json_have_the_documented_fields() {
         serde_yaml::from_str(&vmplane.ok(&["history", "vm", "demo", "-n", ns, "-o", "yaml"]))
             .expect("YAML");
     assert_eq!(&history_yaml, &history);
+    // --limit keeps the newest revisions, and says on stderr how many older ones there are.
+    let (code, out, err) = vmplane.run(&[
+        "history", "vm", "demo", "-n", ns, "--limit", "1", "-o", "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out), Value::Array(vec![revisions[1].clone()]));
+    assert!(
+        err.starts_with("1 older revisions not shown: raise --limit (now 1)"),
+        "{err}"
+    );
 
     let audit = json(&vmplane.ok(&["audit", "-n", ns, "-o", "json"]));
     let entries = audit.as_array().expect("a list");

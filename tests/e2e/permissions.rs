@@ -549,6 +549,7 @@ async fn call(c: &mut Clients, caller: Caller, rpc: Rpc, scope: Scope) -> (Code,
                 .history(pb::HistoryRequest {
                     r#ref: Some(object_ref(scope, name)),
                     min_position: 0,
+                    limit: 0,
                 })
                 .await
                 .map(drop)
