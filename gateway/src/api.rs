@@ -341,7 +341,8 @@ fn describe(kind: Kind, namespace: &str, name: &str) -> String {
 }
 
 /// The preconditions an applied manifest's own `metadata.uid` and `metadata.resourceVersion`
-/// ask ([`Preconditions`]: checked on an update, ignored by a create). Not taken from an
+/// ask ([`Preconditions`]: checked on an update, ignored by a create; the resourceVersion
+/// gives way to the request's `expected_resource_version` when it has one). Not taken from an
 /// import (the uid and resourceVersion another cluster gave), nor for a snapshot, restore or
 /// clone (an apply drives their saga).
 fn manifest_preconditions(
@@ -711,7 +712,12 @@ impl pb::objects_server::Objects for Api {
         let if_live = if r.import || crate::sagas::is_saga_kind(kind) {
             Preconditions::default()
         } else {
-            manifest_preconditions(manifest.metadata(), &object)?
+            let mut asked = manifest_preconditions(manifest.metadata(), &object)?;
+            // The request's own condition, when it states one, is the one that counts.
+            if expected_position.is_some() {
+                asked.position = None;
+            }
+            asked
         };
         let command = apply_command(manifest, r.expected_generation, r.import);
         let meta = CommandMeta {
