@@ -1490,7 +1490,7 @@ struct Delivery {
     log: Arc<dyn EventLog>,
     projections: Arc<Projections>,
     /// The namespaces its principal may read, for a watch of all namespaces (`None`: all).
-    readable: Option<Vec<String>>,
+    readable: Option<Arc<[String]>>,
     heads: tokio::sync::watch::Receiver<u64>,
     stopping: Arc<AtomicBool>,
 }
@@ -1537,17 +1537,16 @@ async fn deliver(
             continue;
         }
         let projections = Arc::clone(&d.projections);
-        let readable = d.readable.take();
+        let readable = d.readable.clone();
         let read = tokio::task::spawn_blocking(move || {
             keep_this_thread_under(Policy::Batch);
             let batch = next_watch_events(&mut watch, &projections, readable.as_deref());
-            (watch, readable, batch)
+            (watch, batch)
         })
         .await;
         let batch = match read {
-            Ok((w, readable, batch)) => {
+            Ok((w, batch)) => {
                 watch = w;
-                d.readable = readable;
                 batch
             }
             Err(e) => {
@@ -1688,7 +1687,7 @@ impl pb::watch_server::Watch for Api {
             Delivery {
                 log: Arc::clone(&self.log),
                 projections: self.projections.clone(),
-                readable,
+                readable: readable.map(Arc::from),
                 heads: self.heads.clone(),
                 stopping: Arc::clone(&self.stopping),
             },

@@ -190,18 +190,8 @@ fn check_expected(
     if_live: Preconditions,
     snapshot: &Snapshot,
 ) -> Result<(), CommandError> {
-    if let Some(expected) = expected
-        && expected != snapshot.position
-    {
-        return Err(CommandError::Rejected(Rejection::stale(
-            expected.0,
-            snapshot.position.0,
-        )));
-    }
-    if !snapshot.state.is_live() {
-        return Ok(());
-    }
-    if let Some(uid) = if_live.uid
+    let live = snapshot.state.is_live();
+    if let Some(uid) = if_live.uid.filter(|_| live)
         && snapshot.state.uid() != Some(uid)
     {
         return Err(CommandError::Rejected(Rejection::uid_precondition(
@@ -209,11 +199,17 @@ fn check_expected(
             snapshot.state.uid(),
         )));
     }
-    match if_live.position {
-        Some(expected) if expected != snapshot.position => Err(CommandError::Rejected(
-            Rejection::stale(expected.0, snapshot.position.0),
-        )),
-        _ => Ok(()),
+    let positions = [expected, if_live.position.filter(|_| live)];
+    match positions
+        .into_iter()
+        .flatten()
+        .find(|p| *p != snapshot.position)
+    {
+        Some(expected) => Err(CommandError::Rejected(Rejection::stale(
+            expected.0,
+            snapshot.position.0,
+        ))),
+        None => Ok(()),
     }
 }
 
