@@ -315,15 +315,25 @@ pub struct Condition {
     pub message: String,
 }
 
-/// `{type, status, reason, message}` as KubeVirt writes it (`status` is `True` / `False`).
+/// `{type, status, reason, message}` as KubeVirt writes it (`status` is `True` / `False`). An
+/// empty `reason` or `message` is left out, as KubeVirt's `omitempty` does (a `Ready=True`
+/// condition has neither).
 impl Serialize for Condition {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let mut out = serializer.serialize_struct("Condition", 4)?;
         out.serialize_field("type", self.kind)?;
         out.serialize_field("status", if self.status { "True" } else { "False" })?;
-        out.serialize_field("reason", &self.reason)?;
-        out.serialize_field("message", &self.message)?;
+        if self.reason.is_empty() {
+            out.skip_field("reason")?;
+        } else {
+            out.serialize_field("reason", &self.reason)?;
+        }
+        if self.message.is_empty() {
+            out.skip_field("message")?;
+        } else {
+            out.serialize_field("message", &self.message)?;
+        }
         out.end()
     }
 }

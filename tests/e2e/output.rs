@@ -86,10 +86,19 @@ fn objects_and_lists_come_out_in_kubevirts_shape() {
     let conditions = status["conditions"].as_array().expect("conditions");
     assert!(!conditions.is_empty());
     for c in conditions {
-        for k in ["type", "status", "reason", "message"] {
+        for k in ["type", "status"] {
             assert!(c[k].is_string(), "condition without {k}: {c}");
         }
+        // KubeVirt's omitempty: an empty reason or message is left out, never "".
+        for k in ["reason", "message"] {
+            assert!(
+                c.get(k).is_none() || c[k].as_str().is_some_and(|v| !v.is_empty()),
+                "condition with an empty or non-text {k}: {c}"
+            );
+        }
     }
+    // A stopped VM's Ready=False says why.
+    assert_eq!(conditions[0]["reason"], "VMINotExists");
 
     // One object: the same document as in the list; YAML says the same as JSON.
     let one = json(&vmplane.ok(&["get", "vm", "demo", "-n", ns, "-o", "json"]));

@@ -82,6 +82,11 @@ fn always_runs_through_the_phases() {
     assert_eq!(rendered["status"]["printableStatus"], "Running");
     assert_eq!(rendered["status"]["ready"], true);
     assert_eq!(rendered["status"]["runStrategy"], "Always");
+    // KubeVirt's Ready=True condition has no reason and no message: left out, not "".
+    assert_eq!(
+        rendered["status"]["conditions"][0],
+        serde_json::json!({"type": "Ready", "status": "True"})
+    );
 }
 
 #[test]
