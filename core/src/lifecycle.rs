@@ -293,13 +293,17 @@ pub const RESTART_REQUIRED_MESSAGE: &str =
 /// against the spec of the last start, so an unchanged firmware UUID never raises it.
 /// vmplane has no live updates yet, so every template change counts (KubeVirt's `Stage`).
 pub fn restart_required(s: &VmState) -> bool {
-    let Some(v) = s.active_vmi() else {
-        return false;
-    };
+    s.active_vmi().is_some_and(|v| !runs_current_spec(s, v))
+}
+
+/// Whether run `v` started from the VM's current template spec and captured revisions
+/// (metadata and run strategy aside): what [`restart_required`] and the observed generation
+/// compare.
+pub fn runs_current_spec(s: &VmState, v: &VmiRun) -> bool {
     let Some(vm) = &s.vm else { return false };
-    v.started.template_spec.as_ref() != vm.vmi_spec()
-        || v.started.instancetype != s.instancetype.as_ref().map(|c| c.revision())
-        || v.started.preference != s.preference.as_ref().map(|c| c.revision())
+    v.started.template_spec.as_ref() == vm.vmi_spec()
+        && v.started.instancetype == s.instancetype.as_ref().map(|c| c.revision())
+        && v.started.preference == s.preference.as_ref().map(|c| c.revision())
 }
 
 /// One VM condition.
@@ -508,7 +512,7 @@ pub fn vm_status(s: &VmState, features: &Features, now_ms: i64) -> Option<VmStat
         instancetype_ref: s.instancetype.as_deref().map(CapturedRef::of),
         preference_ref: s.preference.as_deref().map(CapturedRef::of),
         desired_generation: s.generation,
-        observed_generation: vmi.map(|v| v.vm_generation),
+        observed_generation: vmi.map(|v| v.observed_generation),
         start_failure: (s.run.consecutive_failures > 0).then_some(StartFailure {
             consecutive_fail_count: s.run.consecutive_failures,
             retry_after_timestamp_ms: s.run.backoff_until_ms,
@@ -543,7 +547,7 @@ pub struct VmStatus {
     pub preference_ref: Option<CapturedRef>,
     /// Its generation.
     pub desired_generation: u64,
-    /// The generation its VMI was started from, while it has one.
+    /// The latest generation whose spec its VMI runs, while it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<u64>,
     /// Its VMIs that ended before running, while some did in a row.
@@ -582,19 +586,51 @@ pub struct StartFailure {
     pub retry_after_timestamp_ms: Option<i64>,
 }
 
-/// The VM's current VMI as `get vmi <name>` shows it: named like the VM, with the expanded
-/// spec it was launched from and a status (`phase`, `nodeName`, `reason`). `None` when the VM
-/// has no VMI.
+/// The VMI annotation holding the VM generation it stands for
+/// ([`crate::aggregate::vm::VmiRun::observed_generation`]).
+pub const VM_GENERATION_ANNOTATION: &str = "kubevirt.io/vm-generation";
+
+/// The VM's current VMI as the hypervisor runs it and `get vmi <name>` shows it: named like
+/// the VM, with the expanded spec it was launched from (instancetype, preference and
+/// defaults applied; the template's spec if it could not be expanded), the template's labels
+/// and annotations plus KubeVirt's (`kubevirt.io/vm-generation`, the instancetype and
+/// preference names), and a status (`phase`, `nodeName`, `reason`, `message`,
+/// `firmwareUUIDOrigin`, the `Ready` condition). `None` when the VM has no VMI. Server fields
+/// (resourceVersion, ownerReferences, …) are the caller's.
 pub fn render_vmi(s: &VmState) -> Option<crate::types::VirtualMachineInstance> {
     let run = s.run.vmi.as_ref()?;
-    let expanded = run.started.expanded.as_ref();
-    let template = expanded.and_then(|vm| vm.spec.template.as_ref());
-    let mut metadata = template
+    let expanded = run
+        .started
+        .expanded
+        .as_ref()
+        .and_then(|vm| vm.spec.template.as_ref());
+    let stored = s.vm.as_ref().and_then(|vm| vm.spec.template.as_ref());
+    let mut metadata = expanded
+        .or(stored)
         .and_then(|t| t.metadata.clone())
         .unwrap_or_default();
     metadata.name = Some(s.name.clone());
     metadata.namespace = Some(s.namespace.clone());
     metadata.uid = Some(run.uid.to_string());
+    let annotations = metadata.annotations.get_or_insert_with(Default::default);
+    annotations.insert(
+        VM_GENERATION_ANNOTATION.into(),
+        json!(run.observed_generation.to_string()),
+    );
+    let matchers = [
+        (&run.started.instancetype, "instancetype-name"),
+        (&run.started.preference, "preference-name"),
+    ];
+    for (captured, what) in matchers {
+        if let Some((kind, name, _)) = captured {
+            let scope = if kind.namespaced() { "" } else { "cluster-" };
+            annotations.insert(format!("kubevirt.io/{scope}{what}"), json!(name));
+        }
+    }
+    let spec = match expanded {
+        Some(t) => t.spec.clone(),
+        None => run.started.template_spec.clone(),
+    };
     let mut status = serde_json::Map::new();
     status.insert("phase".into(), json!(run.phase.as_str()));
     if let Some(node) = &run.node {
@@ -603,12 +639,19 @@ pub fn render_vmi(s: &VmState) -> Option<crate::types::VirtualMachineInstance> {
     if let Some(reason) = &run.reason {
         status.insert("reason".into(), json!(reason));
     }
+    if let Some(message) = &run.message {
+        status.insert("message".into(), json!(message));
+    }
+    if let Some(fw) = &s.firmware {
+        status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
+    }
     status.insert("virtualMachineGeneration".into(), json!(run.vm_generation));
+    status.insert("conditions".into(), json!([vmi_ready(run)]));
     Some(crate::types::VirtualMachineInstance {
         api_version: crate::types::Kind::VirtualMachineInstance.api_version(),
         kind: "VirtualMachineInstance".into(),
         metadata,
-        spec: template.and_then(|t| t.spec.clone()).unwrap_or_default(),
+        spec: spec.unwrap_or_default(),
         status: Some(Value::Object(status)),
         extra: Default::default(),
     })
@@ -656,4 +699,46 @@ pub fn vmi_conditions(s: &VmiState, features: &Features) -> Vec<Condition> {
         }
     }
     out
+}
+
+/// What an edit of a VM changed, as history and audit summarize it: the parts among `spec`,
+/// `labels`, `annotations` and `metadata` (the rest of it) that differ, and a run strategy
+/// change spelled out (`edited labels`, `run strategy Halted → Always`, `edited spec; run
+/// strategy Manual → Always`). `edited` when nothing it compares differs.
+pub fn edit_summary(before: &VirtualMachine, after: &VirtualMachine) -> String {
+    fn map_eq(a: &Option<crate::types::JsonMap>, b: &Option<crate::types::JsonMap>) -> bool {
+        let empty = crate::types::JsonMap::new();
+        a.as_ref().unwrap_or(&empty) == b.as_ref().unwrap_or(&empty)
+    }
+    let (rs_before, rs_after) = (run_strategy_of(before), run_strategy_of(after));
+    let mut spec_before = before.spec.clone();
+    let mut spec_after = after.spec.clone();
+    for spec in [&mut spec_before, &mut spec_after] {
+        spec.running = None;
+        spec.run_strategy = None;
+    }
+    let mut parts = Vec::new();
+    if spec_before != spec_after || before.extra != after.extra {
+        parts.push("spec");
+    }
+    if !map_eq(&before.metadata.labels, &after.metadata.labels) {
+        parts.push("labels");
+    }
+    if !map_eq(&before.metadata.annotations, &after.metadata.annotations) {
+        parts.push("annotations");
+    }
+    if before.metadata.extra != after.metadata.extra {
+        parts.push("metadata");
+    }
+    let edited = (!parts.is_empty()).then(|| format!("edited {}", parts.join(", ")));
+    let strategy = (rs_before != rs_after).then(|| {
+        let word = |rs: Option<RunStrategy>| rs.map_or("none", RunStrategy::as_str);
+        format!("run strategy {} → {}", word(rs_before), word(rs_after))
+    });
+    match (edited, strategy) {
+        (Some(e), Some(s)) => format!("{e}; {s}"),
+        (Some(e), None) => e,
+        (None, Some(s)) => s,
+        (None, None) => "edited".to_owned(),
+    }
 }

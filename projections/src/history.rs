@@ -5,7 +5,9 @@ use std::ops::ControlFlow;
 
 use serde::Serialize;
 use similar::TextDiff;
-use vmplane_core::types::Kind;
+use vmplane_core::event::Event;
+use vmplane_core::lifecycle;
+use vmplane_core::types::{Kind, VirtualMachine};
 use vmplane_store::{Direction, Position, Timestamp};
 
 use crate::error::{Error, Result};
@@ -122,7 +124,18 @@ impl Projections {
             from = last.revision + 1;
             for event in &events {
                 let decoded = decode(&event.as_ref())?;
+                let edited_from = match (&decoded, &state) {
+                    (Event::VmSpecEdited(_), AggState::Vm(s)) => s.vm.clone(),
+                    _ => None,
+                };
                 state.evolve(&decoded);
+                let summary = match (edited_from, &state) {
+                    (Some(before), AggState::Vm(s)) => s.vm.as_deref().map_or_else(
+                        || decoded.summary(),
+                        |after| lifecycle::edit_summary(&before, after),
+                    ),
+                    _ => decoded.summary(),
+                };
                 let same = last_correlation == Some(event.correlation_id)
                     && out.last().is_some_and(|h| h.actor == event.actor);
                 if same && let Some(h) = out.last_mut() {
@@ -131,7 +144,7 @@ impl Projections {
                     h.generation = state.generation();
                     h.events.push(event.event_type.clone());
                     h.summary.push_str("; ");
-                    h.summary.push_str(&decoded.summary());
+                    h.summary.push_str(&summary);
                 } else {
                     out.push(HistoryEntry {
                         revision: event.revision,
@@ -140,7 +153,7 @@ impl Projections {
                         time: rfc3339_nanos(event.recorded_at.0),
                         actor: event.actor.clone(),
                         events: vec![event.event_type.clone()],
-                        summary: decoded.summary(),
+                        summary,
                     });
                 }
                 last_correlation = Some(event.correlation_id);
@@ -236,6 +249,9 @@ impl Projections {
             });
         };
         let mut out = Vec::with_capacity(kept.len());
+        // The VM edits among them (record index, stream, revision, manifest), summarized
+        // after the scan against the manifest before each.
+        let mut edits: Vec<(usize, String, u64, String)> = Vec::new();
         let mut failure = None;
         log.scan(Position(first - 1), &mut |event| {
             if event.position > head || kept.front().is_none() {
@@ -250,6 +266,14 @@ impl Projections {
             };
             match decode(event) {
                 Ok(decoded) => {
+                    if let Event::VmSpecEdited(e) = &decoded {
+                        edits.push((
+                            out.len(),
+                            event.stream.to_owned(),
+                            event.revision,
+                            e.manifest_json.clone(),
+                        ));
+                    }
                     out.push(AuditRecord {
                         position: event.position.0,
                         time: rfc3339_nanos(event.recorded_at.0),
@@ -271,12 +295,50 @@ impl Projections {
         if let Some(e) = failure {
             return Err(e);
         }
+        for (index, stream, revision, after) in edits {
+            if let (Some(summary), Some(record)) = (
+                self.edit_summary(&stream, revision, &after)?,
+                out.get_mut(index),
+            ) {
+                record.summary = summary;
+            }
+        }
         Ok(Audit {
             records: out,
             older,
         })
     }
+
+    /// What the VM edit at `revision` of `stream` (its new manifest `after`) changed, as
+    /// history says it ([`lifecycle::edit_summary`]): compared with the manifest of the
+    /// stream's last create or edit before it, looked for among at most
+    /// [`EDIT_LOOKBACK_EVENTS`] earlier events. `None` if none is found there (the event's
+    /// own summary stands).
+    fn edit_summary(&self, stream: &str, revision: u64, after: &str) -> Result<Option<String>> {
+        let Some(from) = revision.checked_sub(1).filter(|r| *r > 0) else {
+            return Ok(None);
+        };
+        let earlier =
+            self.log()
+                .read_stream(stream, from, Direction::Backward, EDIT_LOOKBACK_EVENTS)?;
+        for event in &earlier {
+            let before = match decode(&event.as_ref())? {
+                Event::VmCreated(e) => e.manifest_json,
+                Event::VmSpecEdited(e) => e.manifest_json,
+                _ => continue,
+            };
+            let parse = |json: &str| serde_json::from_str::<VirtualMachine>(json).ok();
+            return Ok(parse(&before)
+                .zip(parse(after))
+                .map(|(b, a)| lifecycle::edit_summary(&b, &a)));
+        }
+        Ok(None)
+    }
 }
+
+/// How far back [`Projections::audit`] looks in a VM's stream for the manifest an edit
+/// changed (a running VM's stream holds its VMI's observations between edits).
+const EDIT_LOOKBACK_EVENTS: usize = 1_000;
 
 /// Whether `event` is one `query` selects (its time bounds aside for `until`, which ends the
 /// scan): its namespace, kind and name if so.

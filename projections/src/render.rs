@@ -427,67 +427,34 @@ fn path_mut<'a>(doc: &'a mut Value, keys: &[&str]) -> Option<&'a mut Map<String,
     node.as_object_mut()
 }
 
-/// The VMI of a VM's current run.
+/// The VMI of a VM's current run: [`vmplane_core::lifecycle::render_vmi`] (what the
+/// hypervisor runs) with the server's metadata.
 fn render_vm_vmi(snapshot: &Snapshot, s: &VmState) -> Option<ObjectView> {
     let run = s.run.vmi.as_ref()?;
-    let vm_uid = s.uid.map(|u| u.to_string());
-    let mut metadata = json!({
-        "name": s.name,
-        "namespace": s.namespace,
-        "uid": run.uid.to_string(),
-        "generation": 1,
-        // The VMI's own last event, not the VM's (a spec edit of the VM does not change it).
-        "resourceVersion": snapshot.vmi_position.0.to_string(),
-        "creationTimestamp": rfc3339(run.launched_at_ms.saturating_mul(1_000_000)),
-        "ownerReferences": [{
+    let vmi = vmplane_core::lifecycle::render_vmi(s)?;
+    let mut object = serde_json::to_value(&vmi).ok()?;
+    let meta = object.get_mut("metadata")?.as_object_mut()?;
+    meta.insert("generation".into(), json!(1));
+    // The VMI's own last event, not the VM's (a spec edit of the VM does not change it).
+    meta.insert(
+        "resourceVersion".into(),
+        json!(snapshot.vmi_position.0.to_string()),
+    );
+    meta.insert(
+        "creationTimestamp".into(),
+        json!(rfc3339(run.launched_at_ms.saturating_mul(1_000_000))),
+    );
+    meta.insert(
+        "ownerReferences".into(),
+        json!([{
             "apiVersion": "kubevirt.io/v1",
             "kind": "VirtualMachine",
             "name": s.name,
-            "uid": vm_uid,
+            "uid": s.uid.map(|u| u.to_string()),
             "controller": true,
             "blockOwnerDeletion": true,
-        }],
-    });
-    if let Some(labels) =
-        s.vm.as_ref()
-            .and_then(|vm| vm.spec.template.as_ref())
-            .and_then(|t| t.metadata.as_ref())
-            .and_then(|m| m.labels.clone())
-        && let Some(meta) = metadata.as_object_mut()
-    {
-        meta.insert("labels".into(), Value::Object(labels));
-    }
-    let spec = run
-        .started
-        .template_spec
-        .as_ref()
-        .and_then(|spec| serde_json::to_value(spec).ok())
-        .unwrap_or(Value::Object(Map::new()));
-    let mut status = Map::new();
-    status.insert("phase".into(), json!(run.phase.as_str()));
-    if let Some(node) = &run.node {
-        status.insert("nodeName".into(), json!(node));
-    }
-    if let Some(reason) = &run.reason {
-        status.insert("reason".into(), json!(reason));
-    }
-    if let Some(message) = &run.message {
-        status.insert("message".into(), json!(message));
-    }
-    if let Some(fw) = &s.firmware {
-        status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
-    }
-    status.insert(
-        "conditions".into(),
-        json!([vmplane_core::lifecycle::vmi_ready(run)]),
+        }]),
     );
-    let object = json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": metadata,
-        "spec": spec,
-        "status": status,
-    });
     Some(ObjectView {
         kind: Kind::VirtualMachineInstance,
         namespace: Some(s.namespace.clone()),

@@ -691,6 +691,43 @@ fn the_follower_takes_the_evicted_states_so_none_are_left_waiting() {
 // History, diff, audit
 
 #[test]
+fn history_and_audit_say_what_an_edit_changed_labels_alone_or_the_run_strategy() {
+    let env = env();
+    let base = vm("team-a", "labelled", "128Mi");
+    env.apply_vm("alice", base.clone());
+    let mut labelled = base.clone();
+    labelled.metadata.labels = Some([("tier".to_owned(), "gold".into())].into_iter().collect());
+    env.apply_vm("alice", labelled.clone());
+    let mut started = labelled.clone();
+    started.spec.run_strategy = Some("Always".into());
+    env.apply_vm("alice", started);
+    let history = env
+        .projections
+        .history(Kind::VirtualMachine, "team-a", "labelled")
+        .expect("history");
+    let summaries: Vec<&str> = history.iter().skip(1).map(|h| h.summary.as_str()).collect();
+    assert_eq!(
+        summaries[..2],
+        ["edited labels", "run strategy Manual → Always"],
+        "{history:#?}"
+    );
+    let audit = env
+        .projections
+        .audit(&AuditQuery {
+            namespace: Some("team-a".into()),
+            ..AuditQuery::default()
+        })
+        .expect("audit")
+        .records;
+    let edits: Vec<&str> = audit
+        .iter()
+        .filter(|r| r.name == "labelled" && r.event == "VmSpecEdited")
+        .map(|r| r.summary.as_str())
+        .collect();
+    assert_eq!(edits, ["edited labels", "run strategy Manual → Always"]);
+}
+
+#[test]
 fn history_diff_and_audit() {
     let env = env();
     let t0 = Timestamp::now();
@@ -707,7 +744,7 @@ fn history_diff_and_audit() {
     assert_eq!(history[0].events[0], "VmCreated");
     assert!(history[0].summary.starts_with("created team-a/demo"));
     assert_eq!(history[1].events, ["VmSpecEdited"]);
-    assert_eq!(history[1].summary, "spec edited");
+    assert_eq!(history[1].summary, "edited spec");
     assert_eq!(history[2].actor, "bob");
     assert!(history.windows(2).all(|w| w[0].revision < w[1].revision));
     // The generation counts the object's changes, not the start request (runStrategy
@@ -777,6 +814,10 @@ fn history_diff_and_audit() {
         .expect("audit")
         .records;
     assert!(!by_bob.is_empty());
+    assert_eq!(
+        by_bob[0].summary, "edited spec",
+        "audit says what history says"
+    );
     assert!(
         by_bob
             .iter()

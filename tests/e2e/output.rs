@@ -893,3 +893,95 @@ fn label_selectors_choose_what_get_lists_and_what_delete_deletes() {
     let line = vmplane.fails(&["delete", "vms", "-A"]);
     assert!(line.contains("-l SELECTOR"), "{line}");
 }
+
+/// Polls `get vmi NAME -o json` in `ns` until its phase is `phase`.
+fn vmi_in_phase(vmplane: &Cli, ns: &str, name: &str, phase: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (code, out, err) = vmplane.run(&["get", "vmi", name, "-n", ns, "-o", "json"]);
+        if code == 0 {
+            let vmi = json(&out);
+            if vmi["status"]["phase"] == phase {
+                return vmi;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "VMI {ns}/{name} did not reach {phase}: {out}{err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_vms_vmi_shows_the_expanded_spec_it_runs_and_the_generation_it_stands_for() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-vmi";
+    let manifests = format!(
+        r#"
+apiVersion: instancetype.kubevirt.io/v1beta1
+kind: VirtualMachineInstancetype
+metadata: {{name: two-cpus, namespace: {ns}}}
+spec:
+  cpu: {{guest: 2}}
+  memory: {{guest: 256Mi}}
+---
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {{name: typed, namespace: {ns}}}
+spec:
+  instancetype: {{kind: VirtualMachineInstancetype, name: two-cpus}}
+  runStrategy: Always
+  template:
+    metadata:
+      labels: {{app: typed}}
+      annotations: {{note: kept}}
+    spec:
+      domain: {{devices: {{}}}}
+"#
+    );
+    let (code, _, err) = vmplane.run_with_stdin(&["apply", "-f", "-"], &manifests);
+    assert_eq!(code, 0, "{err}");
+    let vmi = vmi_in_phase(&vmplane, ns, "typed", "Running");
+    // What runs: the instancetype's CPUs and memory and KubeVirt's default interface, not the
+    // template as written.
+    let domain = &vmi["spec"]["domain"];
+    assert_eq!(domain["cpu"]["sockets"], 2, "{vmi}");
+    assert_eq!(domain["memory"]["guest"], "256Mi", "{vmi}");
+    assert!(domain["devices"]["interfaces"].is_array(), "{vmi}");
+    let meta = &vmi["metadata"];
+    assert_eq!(meta["labels"]["app"], "typed");
+    assert_eq!(meta["annotations"]["note"], "kept");
+    assert_eq!(
+        meta["annotations"]["kubevirt.io/instancetype-name"],
+        "two-cpus"
+    );
+    assert_eq!(meta["annotations"]["kubevirt.io/vm-generation"], "1");
+    assert_eq!(meta["ownerReferences"][0]["kind"], "VirtualMachine");
+
+    // A label on the VM changes its generation but not what runs: the run stands for the new
+    // generation (KubeVirt bumps kubevirt.io/vm-generation), and no restart is asked for.
+    vmplane.ok(&["label", "vm", "typed", "tier=gold", "-n", ns]);
+    let vm = json(&vmplane.ok(&["get", "vm", "typed", "-n", ns, "-o", "json"]));
+    assert_eq!(vm["metadata"]["generation"], 2, "{vm}");
+    assert_eq!(vm["status"]["desiredGeneration"], 2, "{vm}");
+    assert_eq!(vm["status"]["observedGeneration"], 2, "{vm}");
+    let vmi = json(&vmplane.ok(&["get", "vmi", "typed", "-n", ns, "-o", "json"]));
+    assert_eq!(
+        vmi["metadata"]["annotations"]["kubevirt.io/vm-generation"],
+        "2"
+    );
+
+    // A template edit is not what runs: observed stays at the run's generation until a
+    // restart.
+    let edited = manifests.replace(
+        "domain: {devices: {}}",
+        "domain: {devices: {}}\n      terminationGracePeriodSeconds: 5",
+    );
+    assert_ne!(edited, manifests);
+    let (code, _, err) = vmplane.run_with_stdin(&["apply", "-f", "-"], &edited);
+    assert_eq!(code, 0, "{err}");
+    let vm = json(&vmplane.ok(&["get", "vm", "typed", "-n", ns, "-o", "json"]));
+    assert_eq!(vm["status"]["desiredGeneration"], 3, "{vm}");
+    assert_eq!(vm["status"]["observedGeneration"], 2, "{vm}");
+}

@@ -94,6 +94,11 @@ pub struct VmiRun {
     pub launched_at_ms: i64,
     /// The VM generation it was launched from.
     pub vm_generation: u64,
+    /// The latest VM generation whose spec it runs (`status.observedGeneration`, the VMI's
+    /// `kubevirt.io/vm-generation`): raised whenever the VM's spec is the launched one again
+    /// at a later generation (a metadata or run strategy edit, a reverted edit), as KubeVirt
+    /// bumps its annotation; never lowered.
+    pub observed_generation: u64,
     /// The spec it was launched from (shared: it never changes during the run, and cloning a
     /// state, as time travel does, must stay cheap).
     pub started: Arc<StartedSpec>,
@@ -418,6 +423,11 @@ fn evolve_decided(mut s: VmState, event: &Event, vm: VirtualMachine) -> VmState 
 /// when given (else parsed from the event).
 fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) {
     s.revision += 1;
+    // A new object has no strategy before it (KubeVirt's empty `status.runStrategy`).
+    let strategy_before = match event {
+        Event::VmCreated(_) => None,
+        _ => s.run_strategy(),
+    };
     match event {
         Event::VmCreated(e) => {
             s.existence = Existence::Live;
@@ -502,6 +512,7 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
                 paused: e.paused,
                 launched_at_ms: e.at_ms,
                 vm_generation: e.vm_generation,
+                observed_generation: e.vm_generation,
                 started: Arc::new(started_spec(s)),
             });
             s.run.start_requested = false;
@@ -572,6 +583,23 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
             | Event::PreferenceRevisionCaptured(_)
     ) {
         s.requested = Requested::default();
+    }
+    let observes_more = s.run.vmi.as_ref().is_some_and(|v| {
+        v.observed_generation < s.generation && lifecycle::runs_current_spec(s, v)
+    });
+    if observes_more && let Some(v) = s.run.vmi.as_mut() {
+        v.observed_generation = s.generation;
+    }
+    // KubeVirt's RerunOnFailure starts a VM without a VMI "when coming here from a different
+    // RunStrategy" (its last seen `status.runStrategy` differs): on creation, and on an edit
+    // that switches to it. With a VMI (running or ended) the switch starts nothing.
+    let strategy_after = s.run_strategy();
+    if strategy_after == Some(RunStrategy::RerunOnFailure)
+        && strategy_before != strategy_after
+        && s.run.vmi.is_none()
+        && s.existence == Existence::Live
+    {
+        s.run.start_requested = true;
     }
 }
 

@@ -193,7 +193,9 @@ impl Event {
                 e.firmware_uuid,
                 e.firmware_origin.as_str()
             ),
-            Event::VmSpecEdited(_) => "spec edited".to_owned(),
+            // What it changed needs the manifest before it: history and audit say that
+            // (`lifecycle::edit_summary`).
+            Event::VmSpecEdited(_) => "edited".to_owned(),
             Event::FirmwareUuidAssigned(e) => {
                 format!("firmware UUID {} ({})", e.uuid, e.origin.as_str())
             }

@@ -334,12 +334,9 @@ fn crash_loop_backoff_is_exponential_with_a_cap() {
 #[test]
 fn rerun_on_failure_restarts_failed_but_not_succeeded_vmis() {
     let mut s = with("RerunOnFailure");
-    assert_eq!(
-        action(&s),
-        DesiredAction::Nothing,
-        "waits for a start request"
-    );
-    s.ok(VmCommand::Start { paused: false });
+    // KubeVirt starts it: its last seen strategy (none) differs.
+    assert_eq!(action(&s), DesiredAction::Launch, "a new VM starts");
+    assert_eq!(status(&s), PrintableStatus::Starting);
     s.ok(launch());
     s.observe(VmiPhase::Running);
     s.observe(VmiPhase::Failed);
@@ -351,6 +348,69 @@ fn rerun_on_failure_restarts_failed_but_not_succeeded_vmis() {
     removed(&mut s);
     assert_eq!(action(&s), DesiredAction::Nothing, "succeeded: stays down");
     assert_eq!(status(&s), PrintableStatus::Stopped);
+}
+
+#[test]
+fn switching_to_rerun_on_failure_starts_a_vm_without_a_vmi_but_not_one_with_a_vmi() {
+    let mut s = with("Halted");
+    assert_eq!(action(&s), DesiredAction::Nothing);
+    s.apply(small_vm("demo", "RerunOnFailure"));
+    assert_eq!(action(&s), DesiredAction::Launch, "switched: starts");
+    s.ok(launch());
+    s.observe(VmiPhase::Running);
+    // Switching away and back while the VMI exists starts nothing more; once it succeeded it
+    // stays down.
+    s.apply(small_vm("demo", "Manual"));
+    s.apply(small_vm("demo", "RerunOnFailure"));
+    s.observe(VmiPhase::Succeeded);
+    removed(&mut s);
+    assert_eq!(action(&s), DesiredAction::Nothing, "succeeded: stays down");
+    // An edit that keeps the strategy starts nothing either.
+    let mut edited = small_vm("demo", "RerunOnFailure");
+    edited.metadata.annotations = Some(
+        [("a".to_owned(), serde_json::json!("b"))]
+            .into_iter()
+            .collect(),
+    );
+    s.apply(edited);
+    assert_eq!(action(&s), DesiredAction::Nothing);
+}
+
+#[test]
+fn the_observed_generation_follows_edits_that_leave_the_running_spec_alone_and_never_goes_back() {
+    let mut s = with("Always");
+    s.ok(launch());
+    s.observe(VmiPhase::Running);
+    let observed = |s: &Scenario| s.state().run.vmi.as_ref().unwrap().observed_generation;
+    assert_eq!(observed(&s), 1);
+    // Metadata only: the run stands for generation 2.
+    let mut labelled = small_vm("demo", "Always");
+    labelled.metadata.annotations = Some(
+        [("note".to_owned(), serde_json::json!("x"))]
+            .into_iter()
+            .collect(),
+    );
+    s.apply(labelled.clone());
+    assert_eq!(s.state().generation, 2);
+    assert_eq!(observed(&s), 2);
+    // A spec edit is not what runs: it stays at 2, RestartRequired.
+    let mut edited = labelled.clone();
+    edited
+        .spec
+        .template
+        .as_mut()
+        .unwrap()
+        .spec
+        .as_mut()
+        .unwrap()
+        .termination_grace_period_seconds = Some(5);
+    s.apply(edited);
+    assert_eq!(observed(&s), 2);
+    assert!(lifecycle::restart_required(&s.state()));
+    // Reverted: the run is current again at generation 4.
+    s.apply(labelled);
+    assert_eq!(observed(&s), 4);
+    assert!(!lifecycle::restart_required(&s.state()));
 }
 
 #[test]
