@@ -13,10 +13,13 @@
 //!   form), `{enabled: true|false}`, or `Enabled` / `Disabled`).
 //! * **Validation** of that configuration ([`validate_config`], called by
 //!   [`crate::validate::kubevirt`] on every create/update of the `KubeVirt` kind, so an invalid
-//!   configuration appends nothing): a gate listed in both lists (or contradicting its
-//!   configurable), an unknown gate and a Discontinued gate are rejected with their field path;
-//!   every cause is collected. GA and Deprecated gates are accepted; [`config_warnings`] gives
-//!   KubeVirt's warnings for them.
+//!   configuration appends nothing): a name listed in both lists (or a gate contradicting its
+//!   configurable), a list that is not a list of strings, or one over
+//!   [`FEATURE_GATES_PER_LIST_MAX`] entries is rejected with its field path; every cause is
+//!   collected. Everything else is accepted, as KubeVirt's KubeVirt-CR admitter accepts it (a
+//!   CR exported from a real cluster applies unchanged): unknown names and Discontinued gates
+//!   are never enabled, and [`config_warnings`] says so for each, as it warns about GA and
+//!   Deprecated gates listed.
 //! * **The effective state** ([`Features`], [`effective_features`]): for every registered
 //!   feature, whether it is on, why ([`Source::Explicit`] / [`Source::Default`]) and its stage.
 //! * **What a VM asks for** ([`features_requested`]): each [`FeatureUse`] names the feature and
@@ -31,11 +34,16 @@
 //! | Beta | on | on | off |
 //! | GA | on | on (no-op) | **on** (no-op: GA cannot be disabled) |
 //! | Deprecated | off | on (warning) | off |
-//! | Discontinued | off | **rejected** | **rejected** |
+//! | Discontinued | off | **off** (accepted, warning) | off (accepted, warning) |
+//! | (unknown name) | — | ignored (accepted, warning) | ignored (accepted, warning) |
 //!
 //! `IsEnabled(name)`: GA → true; Discontinued → false; listed in `featureGates` → true; listed in
 //! `disabledFeatureGates` → false; else `stage == Beta`. A configurable, when set, decides its
-//! feature (it must not contradict the gate lists). Unknown names are never enabled.
+//! feature (it must not contradict the gate lists). Unknown names are never enabled, and are no
+//! feature: [`Features`] (what `vmplane features` lists) holds registered gates only, so a
+//! listed Discontinued gate shows as off with source `default` and an unknown name not at all.
+//! Which gates a name means is this version's registry: a configuration stored while a name
+//! was unknown enables that gate once a later registry knows it, as KubeVirt does on upgrade.
 //!
 //! ## The rules (applied by [`crate::lifecycle`], all derived, never stored)
 //!
@@ -556,22 +564,10 @@ pub fn validate_config(o: &GenericObject, c: &mut Causes) {
                 );
                 continue;
             };
-            match gate(name) {
-                None => c.invalid(
-                    at,
-                    codes::FEATURE_GATE_UNKNOWN,
-                    format!("unknown feature gate {name:?}"),
-                ),
-                Some(g) if g.stage == Stage::Discontinued => c.invalid(
-                    at,
-                    codes::FEATURE_GATE_DISCONTINUED,
-                    format!(
-                        "feature gate {name} is discontinued and can no longer be listed: {}",
-                        g.message
-                    ),
-                ),
-                Some(_) => names.push((i, name)),
-            }
+            // Unknown and Discontinued names are accepted (KubeVirt only warns:
+            // `config_warnings`) and never enabled (`FeatureConfig::decide`); a name in both
+            // lists is refused whatever it names.
+            names.push((i, name));
         }
     }
     let [(_, enabled), (_, disabled)] = &lists;
@@ -624,32 +620,67 @@ pub fn validate_config(o: &GenericObject, c: &mut Causes) {
     }
 }
 
-/// KubeVirt's admission warnings for an accepted configuration: GA gates (listing them is
-/// redundant) and Deprecated ones. Each cause names the list entry.
+/// The warnings for an accepted configuration, each cause naming its list entry (KubeVirt's
+/// KubeVirt-CR admitter warns and never refuses for these):
+/// * a name no registered gate has (code [`codes::FEATURE_GATE_UNKNOWN`]): ignored, never
+///   enabled; when it is a registered name written in another case, the warning says which;
+/// * a Discontinued gate ([`codes::FEATURE_GATE_DISCONTINUED`]): never enabled, listing it has
+///   no effect; the gate's own message says what replaced it;
+/// * a GA gate (listing it is redundant) and a Deprecated one (KubeVirt's message), code
+///   [`codes::FEATURE_GATE_REDUNDANT`].
+///
+/// Entries that are not strings are [`validate_config`]'s (a rejection, not a warning).
 pub fn config_warnings(o: &GenericObject) -> Vec<Cause> {
-    let config = FeatureConfig::from_kubevirt(o);
+    let Some(spec) = o.spec.as_ref() else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
-    for (key, list) in [
-        ("featureGates", &config.feature_gates),
-        ("disabledFeatureGates", &config.disabled_feature_gates),
-    ] {
-        for (i, name) in list.iter().enumerate() {
-            let Some(g) = gate(name) else { continue };
-            let reason = match g.stage {
-                Stage::Ga => format!(
-                    "feature gate {name} is GA and always enabled; listing it in {key} has no effect"
-                ),
-                Stage::Deprecated => g.message.to_owned(),
-                _ => continue,
+    for key in ["featureGates", "disabledFeatureGates"] {
+        let Some(items) = developer_list(spec, key).and_then(Value::as_array) else {
+            continue;
+        };
+        for (i, item) in items.iter().enumerate() {
+            let Some(name) = item.as_str() else { continue };
+            let (code, reason) = match gate(name) {
+                None => (codes::FEATURE_GATE_UNKNOWN, unknown_gate_reason(name)),
+                Some(g) => match g.stage {
+                    Stage::Discontinued => (
+                        codes::FEATURE_GATE_DISCONTINUED,
+                        format!(
+                            "feature gate {name} is discontinued and never enabled; listing it in {key} has no effect: {}",
+                            g.message
+                        ),
+                    ),
+                    Stage::Ga => (
+                        codes::FEATURE_GATE_REDUNDANT,
+                        format!(
+                            "feature gate {name} is GA and always enabled; listing it in {key} has no effect"
+                        ),
+                    ),
+                    Stage::Deprecated => (codes::FEATURE_GATE_REDUNDANT, g.message.to_owned()),
+                    Stage::Alpha | Stage::Beta => continue,
+                },
             };
             out.push(Cause::new(
                 format!("{DEVELOPER_CONFIGURATION_PATH}.{key}[{i}]"),
-                codes::FEATURE_GATE_REDUNDANT,
+                code,
                 reason,
             ));
         }
     }
     out
+}
+
+/// The warning for a listed name no registered gate has.
+fn unknown_gate_reason(name: &str) -> String {
+    let mut reason = format!("unknown feature gate {name:?}: ignored (never enabled)");
+    if let Some(g) = GATES.iter().find(|g| g.name.eq_ignore_ascii_case(name)) {
+        reason.push_str(&format!(
+            "; names are case-sensitive: did you mean {:?}?",
+            g.name
+        ));
+    }
+    reason
 }
 
 /// One feature a spec asks for, and the field that asks.

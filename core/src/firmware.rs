@@ -201,3 +201,102 @@ pub fn interface_names(vm: &VirtualMachine) -> Vec<String> {
         .map(|ifs| ifs.iter().map(|i| i.name.clone()).collect())
         .unwrap_or_default()
 }
+
+/// The firmware-UUID claims the decisions of a log attached to its events, derived from the
+/// events alone, in log order: what a restore replays into the store's claim table to rebuild
+/// it as it was. It follows the deciders' rules (`aggregate::vm`, `aggregate::vmi`): a create
+/// acquires; an edit to another UUID acquires the new one and releases the old one, unless a
+/// running VMI still has it (then the VMI's removal releases it); a delete releases the VM's
+/// UUID and the one its VMI still had.
+#[derive(Debug, Default)]
+pub struct ClaimReplay {
+    streams: std::collections::HashMap<String, Held>,
+}
+
+/// What one stream holds while replaying.
+#[derive(Debug, Default)]
+struct Held {
+    /// The object's effective UUID.
+    current: Option<Uuid>,
+    /// The UUID its current VMI was launched with, and whether that VMI is still active.
+    run: Option<(Uuid, bool)>,
+}
+
+impl ClaimReplay {
+    /// The claims decided with `event` of `stream`.
+    pub fn claims(&mut self, stream: &str, event: &crate::event::Event) -> Vec<crate::Claim> {
+        use crate::Claim;
+        use crate::event::Event;
+        let acquire = |uuid: &Uuid| Claim::Acquire {
+            key: claim_key(uuid),
+            owner: stream.to_owned(),
+        };
+        let release = |uuid: &Uuid| Claim::Release {
+            key: claim_key(uuid),
+            owner: stream.to_owned(),
+        };
+        match event {
+            Event::VmCreated(e) => {
+                let held = Held {
+                    current: Some(e.firmware_uuid),
+                    run: None,
+                };
+                self.streams.insert(stream.to_owned(), held);
+                vec![acquire(&e.firmware_uuid)]
+            }
+            Event::VmiCreated(e) => {
+                let held = Held {
+                    current: Some(e.firmware_uuid),
+                    run: None,
+                };
+                self.streams.insert(stream.to_owned(), held);
+                vec![acquire(&e.firmware_uuid)]
+            }
+            Event::FirmwareUuidAssigned(e) => {
+                let held = self.streams.entry(stream.to_owned()).or_default();
+                match held.current.replace(e.uuid) {
+                    Some(previous) if previous != e.uuid => {
+                        let mut out = Vec::new();
+                        if held.run != Some((previous, true)) {
+                            out.push(release(&previous));
+                        }
+                        out.push(acquire(&e.uuid));
+                        out
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            Event::VmiLaunched(_) => {
+                if let Some(held) = self.streams.get_mut(stream) {
+                    held.run = held.current.map(|u| (u, true));
+                }
+                Vec::new()
+            }
+            Event::VmiPhaseObserved(e) if e.phase.is_final() => {
+                if let Some((_, active)) = self.streams.get_mut(stream).and_then(|h| h.run.as_mut())
+                {
+                    *active = false;
+                }
+                Vec::new()
+            }
+            Event::VmiRemoved(_) => match self.streams.get_mut(stream) {
+                Some(held) => match held.run.take() {
+                    Some((uuid, _)) if held.current != Some(uuid) => vec![release(&uuid)],
+                    _ => Vec::new(),
+                },
+                None => Vec::new(),
+            },
+            Event::VmDeleted(_) | Event::VmiDeleted(_) => match self.streams.remove(stream) {
+                Some(held) => {
+                    let run = held
+                        .run
+                        .map(|(u, _)| u)
+                        .filter(|u| held.current != Some(*u));
+                    held.current.iter().chain(run.iter()).map(release).collect()
+                }
+                None => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
+    }
+}

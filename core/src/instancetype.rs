@@ -259,7 +259,8 @@ pub fn conflicts(vm: &VirtualMachine, it: &InstancetypeSpec) -> Vec<String> {
     out
 }
 
-/// KubeVirt's conflict message: `VM field(s) <p>, <q> conflicts with selected instance type`.
+/// KubeVirt's conflict message: `VM field(s) <p>, <q> conflicts with selected instance type`
+/// (its `Conflicts.Error()`, every field once).
 pub fn conflict_message(paths: &[String]) -> String {
     format!(
         "VM field(s) {} conflicts with selected instance type",
@@ -267,7 +268,11 @@ pub fn conflict_message(paths: &[String]) -> String {
     )
 }
 
-/// Every instancetype conflict and unmet preference requirement, as causes.
+/// Every instancetype conflict and unmet preference requirement, as causes. The conflicts are
+/// one cause, KubeVirt's [`conflict_message`] naming every conflicting field once, at no
+/// field of its own: a rejection is said as its causes' `field: reason`, `; `-joined, so a
+/// cause per field would say each field twice, or the whole list once per field. The fields
+/// themselves are [`conflicts`]'.
 pub fn check(
     vm: &VirtualMachine,
     it: Option<&InstancetypeSpec>,
@@ -277,10 +282,7 @@ pub fn check(
     if let Some(it) = it {
         let paths = conflicts(vm, it);
         if !paths.is_empty() {
-            let msg = conflict_message(&paths);
-            for p in paths {
-                c.invalid(p, codes::INSTANCETYPE_CONFLICT, msg.clone());
-            }
+            c.invalid("", codes::INSTANCETYPE_CONFLICT, conflict_message(&paths));
         }
         if let Err(why) = cpu_topology(it.cpu.guest, pref) {
             c.invalid("spec.preference", codes::PREFERENCE_REQUIREMENT, why);

@@ -133,8 +133,10 @@ fn a_bad_cluster_config_is_refused_naming_the_field_and_changes_nothing() {
             "featureGates: [DownwardMetrics]\n      disabledFeatureGates: [DownwardMetrics]",
             "disabledFeatureGates[0]",
         ),
-        ("featureGates: [NoSuchGate]", "featureGates[0]"),
-        ("featureGates: [Macvtap]", "featureGates[0]"),
+        (
+            "featureGates: [NoSuchGate]\n      disabledFeatureGates: [NoSuchGate]",
+            "featureGates[0]",
+        ),
     ];
     for (gates, field) in cases {
         let yaml = format!(
@@ -150,6 +152,57 @@ fn a_bad_cluster_config_is_refused_naming_the_field_and_changes_nothing() {
     // Nothing was stored: defaults still apply.
     let dm = feature(&features_json(&cli), "DownwardMetrics").clone();
     assert_eq!(dm["source"], "default");
+}
+
+/// D7: a `KubeVirt` CR exported from a real cluster may list gates this version does not
+/// register, or Discontinued ones: KubeVirt accepts it (with warnings), and so does vmplane,
+/// storing it unchanged and enabling neither.
+#[test]
+fn a_cluster_config_listing_unknown_and_discontinued_gates_applies_unchanged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
+    let cli = Cli::new(&server);
+    let yaml = "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata:\n  name: kubevirt\n  namespace: kubevirt\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [DownwardMetrics, NoSuchGate, Macvtap]\n      disabledFeatureGates: [Passt, NoLongerAGate]\n";
+    apply(&cli, yaml);
+    let stored: Value =
+        serde_json::from_str(&cli.ok(&["get", "kubevirt", "kubevirt", "-o", "json"]))
+            .expect("KubeVirt JSON");
+    let dev = &stored["spec"]["configuration"]["developerConfiguration"];
+    assert_eq!(
+        dev["featureGates"],
+        serde_json::json!(["DownwardMetrics", "NoSuchGate", "Macvtap"])
+    );
+    assert_eq!(
+        dev["disabledFeatureGates"],
+        serde_json::json!(["Passt", "NoLongerAGate"])
+    );
+    // Re-applying the same CR changes nothing.
+    let again = apply(&cli, yaml);
+    assert!(again.contains("unchanged"), "{again}");
+
+    let list = features_json(&cli);
+    let dm = feature(&list, "DownwardMetrics");
+    assert_eq!(
+        (dm["enabled"].as_bool(), dm["source"].as_str()),
+        (Some(true), Some("explicit"))
+    );
+    // A Discontinued gate shows as what it is: off, its stage's default, whatever the lists say.
+    for name in ["Macvtap", "Passt"] {
+        let f = feature(&list, name);
+        assert_eq!(
+            (
+                f["enabled"].as_bool(),
+                f["source"].as_str(),
+                f["stage"].as_str()
+            ),
+            (Some(false), Some("default"), Some("Discontinued")),
+            "{name}"
+        );
+    }
+    // Unknown names are no features: not listed, not enabled.
+    for name in ["NoSuchGate", "NoLongerAGate"] {
+        assert!(list.iter().all(|f| f["name"] != name), "{name} listed");
+    }
 }
 
 #[test]

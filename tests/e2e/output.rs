@@ -985,3 +985,40 @@ spec:
     assert_eq!(vm["status"]["desiredGeneration"], 3, "{vm}");
     assert_eq!(vm["status"]["observedGeneration"], 2, "{vm}");
 }
+
+#[test]
+fn a_firmware_uuid_a_running_vmi_still_has_after_an_edit_is_refused_to_another_vm() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-uuid-held";
+    let vm = |name: &str, uuid: &str| {
+        format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  runStrategy: Always\n  template:\n    spec:\n      domain:\n        memory: {{guest: 64Mi}}\n        devices: {{}}\n        firmware: {{uuid: {uuid}}}\n"
+        )
+    };
+    let (x, y) = (
+        "0f0e0d0c-0b0a-4009-8008-070605040302",
+        "1f1e1d1c-1b1a-4019-8018-171615141312",
+    );
+    let apply = |text: &str| vmplane.run_with_stdin(&["apply", "-f", "-"], text);
+    assert_eq!(apply(&vm("dupa", x)).0, 0);
+    vmi_in_phase(&vmplane, ns, "dupa", "Running");
+    // dupa's spec moves to y; its guest keeps x until it restarts.
+    assert_eq!(apply(&vm("dupa", y)).0, 0);
+    let (code, _, err) = apply(&vm("dupb", x));
+    assert_ne!(code, 0, "x is still dupa's guest's");
+    assert!(err.contains(x) && err.contains("already used"), "{err}");
+    // Once dupa restarts with y, x is free.
+    vmplane.ok(&["restart", "dupa", "-n", ns]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (code, _, err) = apply(&vm("dupb", x));
+        if code == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "x was not freed after dupa's restart: {err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

@@ -94,6 +94,10 @@ pub struct VmiRun {
     pub launched_at_ms: i64,
     /// The VM generation it was launched from.
     pub vm_generation: u64,
+    /// The firmware UUID it was launched with (the VM's effective one then). The VM keeps
+    /// holding it while the run lasts, even if an edit changed the VM's since (row 7: the
+    /// guest still has it).
+    pub firmware_uuid: Option<Uuid>,
     /// The latest VM generation whose spec it runs (`status.observedGeneration`, the VMI's
     /// `kubevirt.io/vm-generation`): raised whenever the VM's spec is the launched one again
     /// at a later generation (a metadata or run strategy edit, a reverted edit), as KubeVirt
@@ -513,6 +517,7 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
                 launched_at_ms: e.at_ms,
                 vm_generation: e.vm_generation,
                 observed_generation: e.vm_generation,
+                firmware_uuid: s.firmware.as_ref().map(|f| f.uuid),
                 started: Arc::new(started_spec(s)),
             });
             s.run.start_requested = false;
@@ -772,6 +777,40 @@ fn resolve<T: Clone + PartialEq>(
     }
 }
 
+/// KubeVirt's rule for an update of a matcher that pins a revision (kubevirt.md §2.3, its VM
+/// mutator's `validateMatcherUpdate`): when the stored matcher has a `revisionName` and the
+/// update changes the matcher's `name` but not its `revisionName`, the pinned revision would
+/// name another object's revision. Refused at `spec.instancetype.revisionName` (and the
+/// preference's); adding or removing a matcher is no such change.
+fn matcher_updates(old: &VirtualMachine, new: &VirtualMachine, c: &mut Causes) {
+    let pairs = [
+        (
+            &old.spec.instancetype,
+            &new.spec.instancetype,
+            "spec.instancetype.revisionName",
+        ),
+        (
+            &old.spec.preference,
+            &new.spec.preference,
+            "spec.preference.revisionName",
+        ),
+    ];
+    for (before, after, field) in pairs {
+        let (Some(before), Some(after)) = (before, after) else {
+            continue;
+        };
+        let pinned = before.revision_name.as_deref().unwrap_or("");
+        let renamed = before.name.as_deref().unwrap_or("") != after.name.as_deref().unwrap_or("");
+        if !pinned.is_empty() && renamed && before.revision_name == after.revision_name {
+            c.invalid(
+                field,
+                codes::INVALID_VALUE,
+                "the Matcher Name has been updated without updating the RevisionName",
+            );
+        }
+    }
+}
+
 fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection> {
     check_generation(state, p.expected_generation)?;
     let mut vm = p.vm.clone();
@@ -803,6 +842,9 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
     let mut c = Causes::new();
     if let Err(r) = validate::vm(&vm) {
         c.extend(r);
+    }
+    if live && let Some(old) = state.vm.as_deref() {
+        matcher_updates(old, &vm, &mut c);
     }
     let refs = references(&vm);
     let id = |k: &str, api: &str, n: &Option<String>| {
@@ -875,10 +917,14 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
                 previous: Some(cur.uuid),
             }));
             if cur.uuid != new_uuid {
-                em.claim(Claim::Release {
-                    key: claim_key(&cur.uuid),
-                    owner: stream.clone(),
-                });
+                // A running VMI still has the old UUID: it stays held until the VMI is
+                // removed (`observe`).
+                if !runs_with(state, cur.uuid) {
+                    em.claim(Claim::Release {
+                        key: claim_key(&cur.uuid),
+                        owner: stream.clone(),
+                    });
+                }
                 em.claim(Claim::Acquire {
                     key: claim_key(&new_uuid),
                     owner: stream.clone(),
@@ -1009,7 +1055,29 @@ fn delete(state: &VmState, expected: Option<u64>) -> Result<Decision, Rejection>
             owner: state.stream(),
         });
     }
+    // The UUID a VMI still runs with since an edit changed the VM's: released with the VM
+    // (a VM re-created under this name starts with no run to release it later).
+    if let Some(held) = held_by_run(state) {
+        em.claim(Claim::Release {
+            key: claim_key(&held),
+            owner: state.stream(),
+        });
+    }
     Ok(em.finish_vm(Outcome::Deleted))
+}
+
+/// Whether the VM's active VMI runs with firmware UUID `uuid`.
+fn runs_with(state: &VmState, uuid: Uuid) -> bool {
+    state
+        .active_vmi()
+        .is_some_and(|v| v.firmware_uuid == Some(uuid))
+}
+
+/// The UUID the VM's current VMI (active or ended, not yet removed) holds besides the VM's
+/// own effective one: the one it was launched with, when an edit changed the VM's since.
+fn held_by_run(state: &VmState) -> Option<Uuid> {
+    let run = state.run.vmi.as_ref()?.firmware_uuid?;
+    (state.firmware.as_ref().map(|f| f.uuid) != Some(run)).then_some(run)
 }
 
 fn live_strategy(state: &VmState) -> Result<RunStrategy, Rejection> {
@@ -1165,10 +1233,21 @@ fn observe(
     let now = ctx.now_ms();
     let mut em = Emitter::new(state.clone(), evolve);
     match obs {
-        VmiObservation::Removed => em.emit(Event::VmiRemoved(VmiRemoved {
-            vmi_uid,
-            at_ms: now,
-        })),
+        VmiObservation::Removed => {
+            em.emit(Event::VmiRemoved(VmiRemoved {
+                vmi_uid,
+                at_ms: now,
+            }));
+            // The guest is gone: the UUID it kept since an edit is free.
+            if state.is_live()
+                && let Some(held) = held_by_run(state)
+            {
+                em.claim(Claim::Release {
+                    key: claim_key(&held),
+                    owner: state.stream(),
+                });
+            }
+        }
         VmiObservation::Scheduled { node } => {
             if vmi.phase.is_final() {
                 return Err(stale_final(vmi));

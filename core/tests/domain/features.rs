@@ -319,9 +319,12 @@ fn a_gate_in_both_lists_is_rejected() {
     );
 }
 
+/// D7: KubeVirt's KubeVirt-CR admitter only warns about names it does not register and about
+/// Discontinued gates (`warnDeprecatedFeatureGates`): a CR exported from a real cluster applies
+/// unchanged. Such names are never enabled, and each gets a warning naming its entry.
 #[test]
-fn unknown_and_discontinued_gates_are_rejected_with_all_causes() {
-    let r = invalid_config(gates(
+fn unknown_and_discontinued_gates_are_accepted_never_enabled_and_warned_about() {
+    let o = gates(
         &["CPUManager", "Snapshot", "NoSuchGate", "Macvtap"],
         &[
             "ExperimentalVirtiofsSupport",
@@ -329,12 +332,31 @@ fn unknown_and_discontinued_gates_are_rejected_with_all_causes() {
             "HostDisk",
             "HostDisk",
         ],
-    ));
-    let got: Vec<(&str, &str)> = r
-        .causes
-        .iter()
-        .map(|c| (c.field.as_str(), c.code))
-        .collect();
+    );
+    let d = create_config(o.clone()).unwrap_or_else(|r| panic!("refused: {r}"));
+    assert_eq!(types_of(&d), ["ObjectCreated"]);
+    // Stored as written: the manifest in the event keeps every entry.
+    let state = d.events.iter().fold(ObjectState::default(), object::evolve);
+    let f = Features::from_cluster(&state);
+    assert!(!f.is_enabled("NoSuchGate"));
+    assert!(f.status("NoSuchGate").is_none(), "not a registered feature");
+    let macvtap = *f.status("Macvtap").unwrap();
+    assert_eq!(
+        (macvtap.enabled, macvtap.source, macvtap.stage),
+        (false, Source::Default, Stage::Discontinued),
+        "listing a Discontinued gate decides nothing"
+    );
+    assert!(!f.is_enabled("ExperimentalVirtiofsSupport"));
+    // `snapshot` is not `Snapshot` (names are exact): Snapshot stays on, as listed.
+    assert_eq!(
+        f.status(SNAPSHOT).map(|s| (s.enabled, s.source)),
+        Some((true, Source::Explicit))
+    );
+    assert!(f.is_enabled("CPUManager"));
+    assert_eq!(f, features(&o));
+
+    let w = config_warnings(&o);
+    let got: Vec<(&str, &str)> = w.iter().map(|c| (c.field.as_str(), c.code)).collect();
     let dev = "spec.configuration.developerConfiguration";
     assert_eq!(
         got,
@@ -357,8 +379,50 @@ fn unknown_and_discontinued_gates_are_rejected_with_all_causes() {
             ),
         ]
     );
-    assert!(r.causes[0].reason.contains("\"NoSuchGate\""), "{r}");
-    assert!(r.causes[1].reason.contains("discontinued"), "{r}");
+    assert_eq!(
+        w[0].reason,
+        "unknown feature gate \"NoSuchGate\": ignored (never enabled)"
+    );
+    assert!(
+        w[1].reason
+            .starts_with("feature gate Macvtap is discontinued and never enabled"),
+        "{}",
+        w[1]
+    );
+    assert!(
+        w[1].reason
+            .contains("the Macvtap network binding is discontinued since v1.3"),
+        "{}",
+        w[1]
+    );
+    assert_eq!(
+        w[3].reason,
+        "unknown feature gate \"snapshot\": ignored (never enabled); names are case-sensitive: did you mean \"Snapshot\"?"
+    );
+}
+
+#[test]
+fn a_name_in_both_lists_is_refused_even_when_unknown_or_discontinued() {
+    let r = invalid_config(gates(
+        &["Macvtap", "NoSuchGate"],
+        &["NoSuchGate", "Macvtap"],
+    ));
+    assert_eq!(
+        r.codes(),
+        [codes::FEATURE_GATE_CONFLICT, codes::FEATURE_GATE_CONFLICT]
+    );
+    let fields: Vec<&str> = r.causes.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.configuration.developerConfiguration.featureGates[0]",
+            "spec.configuration.developerConfiguration.featureGates[1]",
+        ]
+    );
+    assert!(
+        r.causes[0].reason.contains("disabledFeatureGates[1]"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -390,9 +454,12 @@ fn invalid_update_appends_nothing_and_valid_update_is_recorded() {
     let d = create_config(gates(&[], &[])).unwrap();
     assert_eq!(types_of(&d), ["ObjectCreated"]);
     let state = d.events.iter().fold(ObjectState::default(), object::evolve);
-    let bad = Manifest::Object(Kind::KubeVirt, Box::new(gates(&["Passt"], &[])));
+    let bad = Manifest::Object(
+        Kind::KubeVirt,
+        Box::new(gates(&["Snapshot"], &["Snapshot"])),
+    );
     let r = decide_config(&state, ObjectCommand::Update(Box::new(bad), None));
-    assert_rejected(r, Category::Invalid, codes::FEATURE_GATE_DISCONTINUED);
+    assert_rejected(r, Category::Invalid, codes::FEATURE_GATE_CONFLICT);
     let good = Manifest::Object(Kind::KubeVirt, Box::new(gates(&[], &["Snapshot"])));
     let d = decide_config(&state, ObjectCommand::Update(Box::new(good), None)).unwrap();
     assert_eq!(types_of(&d), ["ObjectUpdated"]);

@@ -176,18 +176,13 @@ fn row_05_user_edits_uuid_new_assignment_effective_at_next_start() {
         }
         e => panic!("{e:?}"),
     }
+    // The running guest still has the old UUID: it stays held (row 7) until the VMI is gone.
     assert_eq!(
         d.claims,
-        [
-            Claim::Release {
-                key: claim_key(&old),
-                owner: "vm/default/testvm".into()
-            },
-            Claim::Acquire {
-                key: format!("firmware-uuid/{new}"),
-                owner: "vm/default/testvm".into()
-            },
-        ]
+        [Claim::Acquire {
+            key: format!("firmware-uuid/{new}"),
+            owner: "vm/default/testvm".into()
+        },]
     );
     let st = s.state();
     assert!(restart_required(&st), "RestartRequired while running");
@@ -305,6 +300,45 @@ fn row_07_uuid_held_by_another_live_vm_is_rejected_atomically() {
         expected_generation: None,
     });
     table.apply(&del.claims).unwrap();
+    assert!(table.apply(&db.claims).is_ok());
+}
+
+#[test]
+fn row_07_a_uuid_a_running_vmi_still_has_after_an_edit_stays_held_until_the_vmi_is_gone() {
+    let mut table = ClaimTable::default();
+    let mut a = Scenario::new();
+    table
+        .apply(&a.create(small_vm("a", "Always")).claims)
+        .unwrap();
+    let old = fw_uuid(&a.state());
+    running(&mut a);
+    let mut edited = small_vm("a", "Always");
+    edited.firmware_mut().uuid = Some("aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee".into());
+    table.apply(&a.apply(edited).claims).unwrap();
+    // Another VM with the old UUID: refused while a's guest runs with it.
+    let mut b = Scenario::new();
+    let mut dup = small_vm("b", "Halted");
+    dup.firmware_mut().uuid = Some(old.to_string());
+    let db = b.create(dup);
+    assert_eq!(
+        table.apply(&db.claims),
+        Err((claim_key(&old), "vm/default/a".to_owned()))
+    );
+    // a's VMI stops and is removed: the old UUID is free.
+    a.observe(VmiPhase::Succeeded);
+    let uid = a.state().run.vmi.as_ref().unwrap().uid;
+    let removed = a.ok(VmCommand::ObserveVmi {
+        vmi_uid: uid,
+        observation: VmiObservation::Removed,
+    });
+    assert_eq!(
+        removed.claims,
+        [Claim::Release {
+            key: claim_key(&old),
+            owner: "vm/default/a".into()
+        }]
+    );
+    table.apply(&removed.claims).unwrap();
     assert!(table.apply(&db.claims).is_ok());
 }
 

@@ -217,9 +217,9 @@ fn memory_guest_with_an_instancetype_conflicts_with_kubevirts_message() {
         Category::Invalid,
         codes::INSTANCETYPE_CONFLICT,
     );
-    assert_eq!(r.causes[0].field, "spec.template.spec.domain.memory.guest");
+    // KubeVirt's message, as its webhook says it, once.
     assert_eq!(
-        r.causes[0].reason,
+        r.to_string(),
         "VM field(s) spec.template.spec.domain.memory.guest conflicts with selected instance type"
     );
     // The variant from before memory defaults is valid.
@@ -236,17 +236,24 @@ fn every_conflicting_field_is_named() {
     let r = Scenario::new()
         .when(put(vm, Some(u1("medium")), None))
         .unwrap_err();
-    let fields: Vec<&str> = r.causes.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(r.causes.len(), 1, "{r}");
     assert_eq!(
-        fields,
+        r.causes[0].reason,
+        "VM field(s) spec.template.spec.domain.cpu.sockets, spec.template.spec.domain.memory.guest conflicts with selected instance type"
+    );
+    let vm_fields = {
+        let mut vm = referencing("u1.medium", None);
+        let d = &mut vm.vmi_spec_mut().domain;
+        d.cpu_mut().sockets = Some(2);
+        d.memory_mut().guest = Some("1Gi".parse().unwrap());
+        instancetype::conflicts(&vm, &u1("medium").spec)
+    };
+    assert_eq!(
+        vm_fields,
         [
             "spec.template.spec.domain.cpu.sockets",
             "spec.template.spec.domain.memory.guest"
         ]
-    );
-    assert_eq!(
-        r.causes[0].reason,
-        "VM field(s) spec.template.spec.domain.cpu.sockets, spec.template.spec.domain.memory.guest conflicts with selected instance type"
     );
 }
 
@@ -730,4 +737,203 @@ fn the_expanded_vmi_spec_alone_is_the_expanded_vms_for_every_testdata_vm_and_mat
             same(&vm, Some(&it), None);
         }
     }
+}
+
+/// The audit's case (D11): `u1.small` with sockets, cores and a memory request. The rejection
+/// is one line naming every field once, KubeVirt's message (its `Conflicts.Error()`), not that
+/// whole message once per field.
+#[test]
+fn several_conflicting_fields_make_one_clear_line_naming_each_once() {
+    let mut vm = referencing("u1.small", None);
+    let d = &mut vm.vmi_spec_mut().domain;
+    d.cpu_mut().sockets = Some(2);
+    d.cpu_mut().cores = Some(1);
+    d.resources
+        .get_or_insert_with(Default::default)
+        .requests
+        .get_or_insert_with(Default::default)
+        .insert("memory".into(), "1Gi".into());
+    let r = assert_rejected(
+        Scenario::new().when(put(vm, Some(u1("small")), None)),
+        Category::Invalid,
+        codes::INSTANCETYPE_CONFLICT,
+    );
+    let fields = [
+        "spec.template.spec.domain.resources.requests.memory",
+        "spec.template.spec.domain.cpu.sockets",
+        "spec.template.spec.domain.cpu.cores",
+    ];
+    assert_eq!(r.codes(), [codes::INSTANCETYPE_CONFLICT], "{r}");
+    let line = r.to_string();
+    for f in fields {
+        assert_eq!(line.matches(f).count(), 1, "{f} once in: {line}");
+    }
+    assert_eq!(
+        line,
+        format!(
+            "VM field(s) {} conflicts with selected instance type",
+            fields.join(", ")
+        )
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// `revisionName` on update (D8, kubevirt.md §2.3: KubeVirt's VM mutator)
+
+/// `referencing` with `revisionName`s on the matchers (`None`: no such key).
+fn pinned(it: &str, it_rev: Option<&str>, pref: Option<(&str, Option<&str>)>) -> VirtualMachine {
+    let mut vm = referencing(it, pref.map(|(p, _)| p));
+    if let Some(m) = vm.spec.instancetype.as_mut() {
+        m.revision_name = it_rev.map(str::to_owned);
+    }
+    if let (Some(m), Some((_, rev))) = (vm.spec.preference.as_mut(), pref) {
+        m.revision_name = rev.map(str::to_owned);
+    }
+    vm
+}
+
+const REV_MEDIUM: &str = "example-u1.medium-v1beta1-0444161e-f8d6-4461-808d-5481dc4f3348-1";
+const REV_FEDORA: &str = "example-fedora-v1beta1-77e5a0b6-2f9b-4c4b-9a4f-0f4f1a7c1f0e-1";
+
+/// A live VM on `u1.medium` (pinned to `REV_MEDIUM`) and `fedora` (pinned to `REV_FEDORA`).
+fn pinned_scenario() -> Scenario {
+    let mut s = Scenario::new();
+    s.ok(put(
+        pinned(
+            "u1.medium",
+            Some(REV_MEDIUM),
+            Some(("fedora", Some(REV_FEDORA))),
+        ),
+        Some(u1("medium")),
+        Some(cluster_pref("fedora")),
+    ));
+    s
+}
+
+#[test]
+fn renaming_a_pinned_instancetype_without_its_revision_name_is_refused() {
+    let mut s = pinned_scenario();
+    let before = s.state();
+    let r = assert_rejected(
+        s.when(put(
+            pinned(
+                "u1.large",
+                Some(REV_MEDIUM),
+                Some(("fedora", Some(REV_FEDORA))),
+            ),
+            Some(u1("large")),
+            None,
+        )),
+        Category::Invalid,
+        codes::INVALID_VALUE,
+    );
+    assert_eq!(r.causes.len(), 1, "{r}");
+    assert_eq!(r.causes[0].field, "spec.instancetype.revisionName");
+    assert_eq!(
+        r.causes[0].reason,
+        "the Matcher Name has been updated without updating the RevisionName"
+    );
+    assert_eq!(s.state(), before, "nothing appended");
+}
+
+#[test]
+fn renaming_a_pinned_preference_without_its_revision_name_is_refused() {
+    let mut s = pinned_scenario();
+    let r = assert_rejected(
+        s.when(put(
+            pinned(
+                "u1.medium",
+                Some(REV_MEDIUM),
+                Some(("rhel.9", Some(REV_FEDORA))),
+            ),
+            None,
+            Some(cluster_pref("rhel.9")),
+        )),
+        Category::Invalid,
+        codes::INVALID_VALUE,
+    );
+    let fields: Vec<&str> = r.causes.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(fields, ["spec.preference.revisionName"]);
+    assert_eq!(
+        r.causes[0].reason,
+        "the Matcher Name has been updated without updating the RevisionName"
+    );
+    // Both renamed, neither revision updated: both causes.
+    let r = s
+        .when(put(
+            pinned(
+                "u1.large",
+                Some(REV_MEDIUM),
+                Some(("rhel.9", Some(REV_FEDORA))),
+            ),
+            Some(u1("large")),
+            Some(cluster_pref("rhel.9")),
+        ))
+        .unwrap_err();
+    let fields: Vec<&str> = r.causes.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.instancetype.revisionName",
+            "spec.preference.revisionName"
+        ]
+    );
+}
+
+#[test]
+fn a_renamed_matcher_with_its_revision_name_cleared_or_changed_is_accepted() {
+    // Cleared (`revisionName: null`, the user guide's advice).
+    let mut s = pinned_scenario();
+    let d = s.ok(put(
+        pinned("u1.large", None, Some(("fedora", Some(REV_FEDORA)))),
+        Some(u1("large")),
+        None,
+    ));
+    assert_eq!(
+        types_of(&d),
+        ["VmSpecEdited", "InstancetypeRevisionCaptured"]
+    );
+    // Changed along with the name.
+    let mut s = pinned_scenario();
+    s.ok(put(
+        pinned(
+            "u1.large",
+            Some("example-u1.large-v1beta1-1-1"),
+            Some(("rhel.9", Some("example-rhel.9-v1beta1-1-1"))),
+        ),
+        Some(u1("large")),
+        Some(cluster_pref("rhel.9")),
+    ));
+    // Dropping a matcher, or another edit keeping the name, is no rename.
+    let mut s = pinned_scenario();
+    let mut vm = pinned("u1.medium", Some(REV_MEDIUM), None);
+    vm.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("team".into(), "a".into());
+    s.ok(put(vm, None, None));
+}
+
+#[test]
+fn the_revision_name_rule_applies_only_when_the_old_matcher_had_one() {
+    // No revisionName before: renaming with a revisionName that stays absent is fine, and so
+    // is adding one along with the rename.
+    let mut s = Scenario::new();
+    s.ok(put(
+        pinned("u1.medium", None, None),
+        Some(u1("medium")),
+        None,
+    ));
+    s.ok(put(
+        pinned("u1.large", Some(REV_MEDIUM), None),
+        Some(u1("large")),
+        None,
+    ));
+    // A VM created anew (not an update) may carry any revisionName with any name.
+    let mut s = Scenario::new();
+    s.ok(put(
+        pinned("u1.large", Some(REV_MEDIUM), None),
+        Some(u1("large")),
+        None,
+    ));
 }

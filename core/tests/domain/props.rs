@@ -126,8 +126,15 @@ proptest! {
                 let fw = state.firmware.clone().unwrap();
                 let spec_uuid = state.vm.as_ref().unwrap().firmware().unwrap().uuid.clone();
                 prop_assert_eq!(spec_uuid, Some(fw.uuid.to_string()));
-                // The claims held are exactly the live VM's UUID.
-                prop_assert_eq!(claims.len(), 1);
+                // The claims held are exactly the live VM's UUID, and the one its current
+                // VMI was launched with if an edit changed the VM's since.
+                let run_uuid = state
+                    .run
+                    .vmi
+                    .as_ref()
+                    .and_then(|v| v.firmware_uuid)
+                    .filter(|u| *u != fw.uuid && claims.contains_key(&claim_key(u)));
+                prop_assert_eq!(claims.len(), 1 + usize::from(run_uuid.is_some()));
                 prop_assert!(claims.contains_key(&claim_key(&fw.uuid)));
                 let _ = lifecycle::render(&state, &Features::defaults(), ctx.now_ms()).unwrap();
             } else {
@@ -138,6 +145,20 @@ proptest! {
         }
         // Replaying the log gives the same state.
         prop_assert_eq!(vm::fold(&events), state);
+        // And the claims a restore derives from the events alone are the ones decided.
+        let mut replay = vmplane_core::firmware::ClaimReplay::default();
+        let mut replayed: HashMap<String, String> = HashMap::new();
+        for e in &events {
+            for c in replay.claims("vm/default/prop", e) {
+                match c {
+                    Claim::Acquire { key, owner } => { replayed.insert(key, owner); }
+                    Claim::Release { key, owner } => {
+                        if replayed.get(&key) == Some(&owner) { replayed.remove(&key); }
+                    }
+                }
+            }
+        }
+        prop_assert_eq!(replayed, claims);
     }
 
     #[test]
