@@ -515,7 +515,10 @@ pub fn vm_status(s: &VmState, features: &Features, now_ms: i64) -> Option<VmStat
         observed_generation: vmi.map(|v| v.observed_generation),
         start_failure: (s.run.consecutive_failures > 0).then_some(StartFailure {
             consecutive_fail_count: s.run.consecutive_failures,
-            retry_after_timestamp_ms: s.run.backoff_until_ms,
+            retry_after_timestamp: s
+                .run
+                .backoff_until_ms
+                .and_then(crate::aggregate::dataprotection::rfc3339),
         }),
     })
 }
@@ -582,8 +585,9 @@ impl CapturedRef {
 pub struct StartFailure {
     /// VMIs in a row that ended before running.
     pub consecutive_fail_count: u32,
-    /// When the backoff ends (ms since the epoch; `null` without one).
-    pub retry_after_timestamp_ms: Option<i64>,
+    /// When the backoff ends (RFC 3339, as KubeVirt's `metav1.Time`; left out without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_timestamp: Option<String>,
 }
 
 /// The VMI annotation holding the VM generation it stands for

@@ -687,11 +687,13 @@ fn a_vm_status_text_lists_kubevirts_keys_in_order_then_vmplanes() {
                 r#""instancetypeRef":{{"name":"u1.medium","kind":"VirtualMachineClusterInstancetype","revision":0}},"#,
                 r#""preferenceRef":{{"name":"fedora","kind":"VirtualMachineClusterPreference","revision":0}},"#,
                 r#""desiredGeneration":2,"startFailure":{{"consecutiveFailCount":1,"#,
-                r#""retryAfterTimestampMs":{retry}}}}}"#
+                r#""retryAfterTimestamp":"{retry_at}"}}}}"#
             ),
             secs = (retry - now) / 1000,
             origin = uuid_origin,
-            retry = retry,
+            retry_at = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(retry)
+                .expect("in range")
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         )
     );
     // The tree the other renderings use is the same JSON, keys in the same order.
