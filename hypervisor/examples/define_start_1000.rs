@@ -32,6 +32,7 @@ fn spec(i: usize) -> DomainSpec {
             vmi_uid: Uuid::new_v4(),
             labels: Default::default(),
         },
+        node_selector: Default::default(),
     }
 }
 

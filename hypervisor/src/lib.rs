@@ -36,7 +36,7 @@
 //! use vmplane_hypervisor::{Hypervisor, Nodes, Resources};
 //!
 //! let nodes = Nodes::open(&["node1=test:///default"])?;
-//! let node = nodes.place(Resources { vcpus: 1, memory_bytes: 1 << 30 }, [])?;
+//! let node = nodes.place(Resources { vcpus: 1, memory_bytes: 1 << 30 }, [], &Default::default())?;
 //! // Blocking: in async code, run this in `tokio::task::spawn_blocking`.
 //! for domain in node.hypervisor.list_owned()? {
 //!     println!("{} runs {}/{}", domain.name, domain.metadata.namespace, domain.metadata.name);

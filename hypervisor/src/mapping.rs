@@ -122,6 +122,7 @@ pub fn domain_spec(
     let memory_bytes = memory(&mut problems, spec);
     let disks = disks(&mut problems, spec);
     let interfaces = interfaces(&mut problems, spec, vmi_uid.unwrap_or_default());
+    let node_selector = node_selector(&mut problems, spec);
     let labels: BTreeMap<String, String> = vmi
         .metadata
         .labels
@@ -155,6 +156,7 @@ pub fn domain_spec(
             vmi_uid,
             labels,
         },
+        node_selector,
     };
     // What is left is what the renderer refuses beyond the fields above (sizes, characters):
     // name the domain field under the VMI's `spec.domain`.
@@ -166,6 +168,23 @@ pub fn domain_spec(
             .collect(),
     })?;
     Ok(out)
+}
+
+/// `spec.nodeSelector`: label values must be strings, as in Kubernetes.
+fn node_selector(problems: &mut Vec<SpecProblem>, spec: &VmiSpec) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (key, value) in spec.node_selector.iter().flatten() {
+        match value.as_str() {
+            Some(v) => {
+                out.insert(key.clone(), v.to_owned());
+            }
+            None => problems.push(SpecProblem::new(
+                format!("spec.nodeSelector.{key}"),
+                format!("must be a string, not {value}"),
+            )),
+        }
+    }
+    out
 }
 
 /// A deterministic MAC for interface `name` of VMI `vmi_uid`: locally administered (`x2`),

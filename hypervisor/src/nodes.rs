@@ -1,6 +1,7 @@
 //! [`Nodes`]: the named hypervisor connections vmplane drives, and [`place`], which picks a
 //! node for a VMI.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -17,7 +18,21 @@ pub struct Node {
     pub hypervisor: Arc<dyn Hypervisor>,
     /// vCPUs and memory it offers to domains.
     pub capacity: Resources,
+    /// Its labels, which a VMI's `spec.nodeSelector` matches: Kubernetes' well-known
+    /// `kubernetes.io/hostname` (its name) and `kubernetes.io/os` (`linux`).
+    pub labels: BTreeMap<String, String>,
 }
+
+/// The labels every node has ([`Node::labels`]).
+pub fn node_labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (HOSTNAME_LABEL.to_owned(), name.to_owned()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+    ])
+}
+
+/// The label naming a node.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 impl fmt::Debug for Node {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -103,6 +118,7 @@ impl Nodes {
                 source: Box::new(source),
             })?;
         self.nodes.push(Node {
+            labels: node_labels(&name),
             name,
             hypervisor,
             capacity,
@@ -120,14 +136,28 @@ impl Nodes {
         self.nodes.iter()
     }
 
-    /// Picks a node for `request` given what is already placed (see [`place`]).
+    /// Picks a node for `request` given what is already placed (see [`place`]), among the
+    /// nodes whose labels hold every pair of `selector` (a VMI's `spec.nodeSelector`).
     pub fn place<'a>(
         &self,
         request: Resources,
         placed: impl IntoIterator<Item = (&'a str, Resources)>,
+        selector: &BTreeMap<String, String>,
     ) -> Result<&Node, Unschedulable> {
+        let matching: Vec<&Node> = self
+            .nodes
+            .iter()
+            .filter(|n| selector.iter().all(|(k, v)| n.labels.get(k) == Some(v)))
+            .collect();
+        if matching.is_empty() && !self.nodes.is_empty() {
+            return Err(Unschedulable {
+                request,
+                nodes: Vec::new(),
+                unmatched_selector: Some((selector.clone(), self.nodes.len())),
+            });
+        }
         let name = place(
-            self.nodes.iter().map(|n| (n.name.as_str(), n.capacity)),
+            matching.iter().map(|n| (n.name.as_str(), n.capacity)),
             placed,
             request,
         )?;
@@ -135,6 +165,7 @@ impl Nodes {
         self.get(&name).ok_or(Unschedulable {
             request,
             nodes: Vec::new(),
+            unmatched_selector: None,
         })
     }
 }
@@ -146,10 +177,25 @@ pub struct Unschedulable {
     pub request: Resources,
     /// Every node with what it had free.
     pub nodes: Vec<(String, Resources)>,
+    /// The selector no node matched, and how many nodes there are, when that is the reason.
+    pub unmatched_selector: Option<(BTreeMap<String, String>, usize)>,
 }
 
 impl fmt::Display for Unschedulable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some((selector, nodes)) = &self.unmatched_selector {
+            // Kubernetes' scheduler's words.
+            write!(
+                f,
+                "0/{nodes} nodes are available: {nodes} node(s) didn't match the VMI's \
+                 nodeSelector ("
+            )?;
+            for (i, (k, v)) in selector.iter().enumerate() {
+                let sep = if i == 0 { "" } else { ", " };
+                write!(f, "{sep}{k}={v}")?;
+            }
+            return f.write_str(")");
+        }
         write!(
             f,
             "no node has {} vCPUs and {} bytes of memory free",
@@ -210,6 +256,7 @@ pub fn place<'n, 'p>(
     best.ok_or(Unschedulable {
         request,
         nodes: free,
+        unmatched_selector: None,
     })
 }
 

@@ -149,6 +149,9 @@ pub struct DomainSpec {
     pub interfaces: Vec<Interface>,
     /// vmplane's metadata: which VMI this domain runs. It is what makes a domain vmplane's.
     pub metadata: InstanceMetadata,
+    /// Where it may run, not part of the domain: the labels a node must have (the VMI's
+    /// `spec.nodeSelector`, [`crate::Node::labels`]).
+    pub node_selector: BTreeMap<String, String>,
 }
 
 /// The libvirt domain `type`.

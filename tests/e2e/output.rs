@@ -1022,3 +1022,27 @@ fn a_firmware_uuid_a_running_vmi_still_has_after_an_edit_is_refused_to_another_v
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+#[test]
+fn a_vm_whose_node_selector_no_node_matches_is_unschedulable_and_says_why() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-node-selector";
+    let vm = |name: &str, selector: &str| {
+        format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  runStrategy: Always\n  template:\n    spec:\n      nodeSelector: {{{selector}}}\n      domain:\n        memory: {{guest: 64Mi}}\n        devices: {{}}\n"
+        )
+    };
+    let apply = |text: &str| vmplane.run_with_stdin(&["apply", "-f", "-"], text);
+    assert_eq!(apply(&vm("nowhere", "disktype: ssd")).0, 0);
+    assert_eq!(apply(&vm("pinned", "kubernetes.io/hostname: node1")).0, 0);
+    vmi_in_phase(&vmplane, ns, "pinned", "Running");
+    let vmi = vmi_in_phase(&vmplane, ns, "nowhere", "Scheduling");
+    assert_eq!(vmi["status"]["reason"], "Unschedulable", "{vmi}");
+    let message = vmi["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nodeSelector (disktype=ssd)"), "{message}");
+    let vm = json(&vmplane.ok(&["get", "vm", "nowhere", "-n", ns, "-o", "json"]));
+    assert_eq!(
+        vm["status"]["printableStatus"], "ErrorUnschedulable",
+        "{vm}"
+    );
+}

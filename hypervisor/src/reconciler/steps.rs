@@ -533,7 +533,11 @@ impl Reconciler {
             let mut placed = ps.placed.lock().unwrap_or_else(|p| p.into_inner());
             let chosen = self
                 .nodes
-                .place(request, placed.iter().map(|(n, r)| (n.as_str(), *r)))
+                .place(
+                    request,
+                    placed.iter().map(|(n, r)| (n.as_str(), *r)),
+                    &spec.node_selector,
+                )
                 .map(|node| node.name.clone());
             if let Ok(node) = &chosen {
                 placed.push((node.clone(), request));

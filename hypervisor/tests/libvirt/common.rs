@@ -82,6 +82,7 @@ pub fn minimal_spec(namespace: &str, name: &str) -> DomainSpec {
         disks: Vec::new(),
         interfaces: Vec::new(),
         metadata: metadata(namespace, name),
+        node_selector: Default::default(),
     }
 }
 

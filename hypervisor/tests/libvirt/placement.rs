@@ -39,7 +39,11 @@ fn placement_fills_the_nodes_then_reports_unschedulable() {
         let mut spec = minimal_spec("default", &format!("vm{}", placed.len()));
         spec.memory_bytes = GIB;
         let request = Resources::of(&spec);
-        match nodes.place(request, placed.iter().map(|(n, r)| (n.as_str(), *r))) {
+        match nodes.place(
+            request,
+            placed.iter().map(|(n, r)| (n.as_str(), *r)),
+            &spec.node_selector,
+        ) {
             Ok(node) => {
                 node.hypervisor.define(&spec).expect("define");
                 node.hypervisor.start(spec.firmware_uuid).expect("start");
@@ -66,6 +70,33 @@ fn placement_fills_the_nodes_then_reports_unschedulable() {
             node.name
         );
     }
+}
+
+#[test]
+fn a_node_selector_places_only_on_nodes_with_its_labels_and_none_matching_is_unschedulable() {
+    let a = PrivateNode::with_capacity(4, 4 * 1024 * 1024);
+    let b = PrivateNode::with_capacity(4, 4 * 1024 * 1024);
+    let nodes = Nodes::open(&[format!("a={}", a.uri), format!("b={}", b.uri)]).expect("open nodes");
+    let mut spec = minimal_spec("default", "pinned");
+    // Without a selector the roomier-first rule picks a (the first of equals).
+    let any = nodes
+        .place(Resources::of(&spec), [], &spec.node_selector)
+        .expect("a node");
+    assert_eq!(any.name, "a");
+    spec.node_selector = [("kubernetes.io/hostname".to_owned(), "b".to_owned())].into();
+    let pinned = nodes
+        .place(Resources::of(&spec), [], &spec.node_selector)
+        .expect("node b");
+    assert_eq!(pinned.name, "b");
+    assert_eq!(pinned.labels["kubernetes.io/os"], "linux");
+    spec.node_selector = [("disktype".to_owned(), "ssd".to_owned())].into();
+    let err = nodes
+        .place(Resources::of(&spec), [], &spec.node_selector)
+        .expect_err("no node has disktype=ssd");
+    assert_eq!(
+        err.to_string(),
+        "0/2 nodes are available: 2 node(s) didn't match the VMI's nodeSelector (disktype=ssd)"
+    );
 }
 
 #[test]
