@@ -20,6 +20,11 @@
 //! at least every [`RESYNC`] (the reconciler writes too). At start it finds every unfinished
 //! snapshot, restore and clone in the log and drives it, so a saga survives a restart: every
 //! step is recorded, and core rebuilds the same target command from the recorded plan.
+//!
+//! A saga acts for whoever asked for it, the driver's steps included: they carry as actor the
+//! principal who created the saga object (the actor of its latest `ObjectCreated`), and as
+//! causation id that creation event's id, which tells them from the steps a request made (those
+//! have none). Each drive has a correlation id of its own ([`Sagas::requester`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,18 +34,21 @@ use std::time::Duration;
 
 use vmplane_core::types::{GenericObject, Kind, Manifest};
 use vmplane_core::{
-    CloneCommand, CloneInput, CloneSource, Decision, Next, RestoreCommand, RestoreInput,
+    CloneCommand, CloneInput, CloneSource, Decision, Event, Next, RestoreCommand, RestoreInput,
     SagaDecision, SnapshotCommand, SnapshotState, TakeSnapshot, VmState, clone, restore, snapshot,
 };
 use vmplane_projections::Projections;
 use vmplane_projections::command::{Command, CommandError, CommandHandler, CommandMeta, Executed};
-use vmplane_projections::model::{AggState, parse_stream, stream_of};
+use vmplane_projections::model::{AggState, decode, parse_stream, stream_of};
+use vmplane_store::Direction;
 
 /// How often parked sagas waiting for a change are re-driven without a poke.
 pub const RESYNC: Duration = Duration::from_secs(1);
 /// Steps one drive makes at most before it parks the saga (a guard against a livelock).
 pub const STEPS_MAX: usize = 16;
-/// The actor of the steps the driver makes on its own.
+/// The actor of the driver's steps on a saga whose creation it cannot find (its stream holds
+/// no `ObjectCreated`); otherwise the driver acts for the saga's requester
+/// ([`Sagas::requester`]).
 pub const DRIVER_ACTOR: &str = "system:saga-driver";
 
 /// One saga: kind (snapshot, restore, clone), namespace, name.
@@ -226,6 +234,48 @@ impl Sagas {
         drop(pending);
         self.wake.notify_all();
         result
+    }
+
+    /// Who the driver acts for on `key`: the principal who created the saga object (the
+    /// actor of the latest `ObjectCreated` on its stream: a deleted and re-created saga is its
+    /// new requester's), with that event's id as causation id (the driver's steps follow from
+    /// the creation, not from a request of their own). [`DRIVER_ACTOR`], without a causation
+    /// id, when the stream holds no creation. A log that cannot be read is an error: the drive
+    /// is retried rather than recorded under another actor.
+    pub fn requester(&self, key: &SagaKey) -> Result<CommandMeta, CommandError> {
+        let stream = stream_of(key.0, &key.1, &key.2);
+        let log = self.projections.log();
+        let read_max = log.limits().read_events_max.max(1);
+        let mut from = u64::MAX;
+        loop {
+            let events = log.read_stream(&stream, from, Direction::Backward, read_max)?;
+            for event in &events {
+                if let Event::ObjectCreated(_) = decode(&event.as_ref())? {
+                    return Ok(CommandMeta {
+                        actor: event.actor.clone(),
+                        causation_id: Some(event.id),
+                        ..CommandMeta::default()
+                    });
+                }
+            }
+            match events.last() {
+                Some(last) if events.len() >= read_max && last.revision > 1 => {
+                    from = last.revision - 1;
+                }
+                _ => break,
+            }
+        }
+        Ok(CommandMeta {
+            actor: DRIVER_ACTOR.to_owned(),
+            ..CommandMeta::default()
+        })
+    }
+
+    /// One drive by the driver thread, for the saga's requester ([`Sagas::requester`]).
+    fn drive_for_requester(&self, key: &SagaKey) -> Result<Driven, CommandError> {
+        // Unreadable: the saga stays parked and is retried at the next wake.
+        let meta = self.requester(key)?;
+        self.drive(&meta, key, None)
     }
 
     fn exists(&self, key: &SagaKey) -> bool {
@@ -531,10 +581,6 @@ impl Sagas {
             Ok(n) => tracing::info!(sagas = n, "resuming unfinished sagas"),
             Err(err) => tracing::warn!(%err, "could not list unfinished sagas"),
         }
-        let meta = CommandMeta {
-            actor: DRIVER_ACTOR.to_owned(),
-            ..CommandMeta::default()
-        };
         while !self.stop.load(Ordering::Acquire) {
             let due = {
                 let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
@@ -567,7 +613,7 @@ impl Sagas {
                 if self.stop.load(Ordering::Acquire) {
                     return;
                 }
-                if let Err(err) = self.drive(&meta, &key, None) {
+                if let Err(err) = self.drive_for_requester(&key) {
                     tracing::debug!(kind = key.0.as_str(), namespace = %key.1, name = %key.2, %err, "saga step failed; retrying later");
                 }
             }
@@ -660,6 +706,67 @@ mod tests {
             CommandOptions::default(),
         ));
         Sagas::new(commands, Arc::new(projections))
+    }
+
+    fn restore_manifest(name: &str) -> Manifest {
+        vmplane_core::types::parse_manifest(
+            format!(
+                "apiVersion: snapshot.kubevirt.io/v1beta1\nkind: VirtualMachineRestore\nmetadata: {{name: {name}, namespace: team-a}}\nspec:\n  target: {{apiGroup: kubevirt.io, kind: VirtualMachine, name: larry}}\n  virtualMachineSnapshotName: s1\n"
+            )
+            .as_bytes(),
+        )
+        .expect("a restore manifest")
+    }
+
+    fn as_actor(actor: &str) -> CommandMeta {
+        CommandMeta {
+            actor: actor.to_owned(),
+            ..CommandMeta::default()
+        }
+    }
+
+    #[test]
+    fn the_driver_acts_for_whoever_created_the_saga_last() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sagas = sagas(dir.path());
+        let key: SagaKey = (Kind::VirtualMachineRestore, "team-a".into(), "r1".into());
+        // Nothing recorded: nobody to act for.
+        let meta = sagas.requester(&key).expect("requester");
+        assert_eq!(
+            (meta.actor.as_str(), meta.causation_id),
+            (DRIVER_ACTOR, None)
+        );
+        // Created by alice (through the object path: no saga step).
+        let created = sagas
+            .commands
+            .execute(&as_actor("alice"), Command::apply(restore_manifest("r1")))
+            .expect("create");
+        let alice_created = sagas
+            .projections
+            .log()
+            .read_event(created.position)
+            .expect("read")
+            .expect("the creation");
+        let meta = sagas.requester(&key).expect("requester");
+        assert_eq!(meta.actor, "alice");
+        assert_eq!(meta.causation_id, Some(alice_created.id));
+        assert_eq!(meta.correlation_id, None, "each drive has its own");
+        // Deleted by ops, created again by bob: bob's now.
+        let delete = Command::Object {
+            kind: Kind::VirtualMachineRestore,
+            namespace: "team-a".into(),
+            name: "r1".into(),
+            command: vmplane_core::ObjectCommand::Delete(None),
+        };
+        sagas
+            .commands
+            .execute(&as_actor("ops"), delete)
+            .expect("delete");
+        sagas
+            .commands
+            .execute(&as_actor("bob"), Command::apply(restore_manifest("r1")))
+            .expect("create again");
+        assert_eq!(sagas.requester(&key).expect("requester").actor, "bob");
     }
 
     #[test]

@@ -424,3 +424,158 @@ fn a_shorthand_whose_source_is_missing_creates_nothing_and_says_what_to_do() {
             .expect("snapshot JSON");
     assert_eq!(applied["status"]["phase"], "Failed", "{applied:#}");
 }
+
+/// The actors of the events of `history KIND NAME -n NS -o json` whose types are in `types`,
+/// as `(event type, actor)`.
+fn history_actors(
+    cli: &Cli,
+    kind: &str,
+    name: &str,
+    ns: &str,
+    types: &[&str],
+) -> Vec<(String, String)> {
+    let history: Value =
+        serde_json::from_str(&cli.ok(&["history", kind, name, "-n", ns, "-o", "json"]))
+            .expect("history JSON");
+    let mut out = Vec::new();
+    for entry in history.as_array().expect("a list") {
+        for event in entry["events"].as_array().expect("events") {
+            let event = event.as_str().expect("an event type");
+            if types.contains(&event) {
+                out.push((
+                    event.to_owned(),
+                    entry["actor"].as_str().expect("actor").to_owned(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// A restore that waits for its target to stop is finished by the saga driver, on behalf of
+/// whoever asked for it: every event it records (the VM's spec edit, the restore's start and
+/// completion) carries the requester as actor, as when the restore runs at once.
+#[test]
+fn a_restore_finished_by_the_saga_driver_acts_for_its_requester() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auth = dir.path().join("auth.yaml");
+    vmplane_tests::write_auth_file(
+        &auth,
+        &[vmplane_tests::AuthToken {
+            principal: "alice",
+            token: "alice-token",
+            roles: &[("edit", &["team-a"])],
+        }],
+    );
+    let server = Server::start(
+        &dir.path().join("data"),
+        &["--auth", auth.to_str().expect("utf-8")],
+    );
+    let alice = Cli::new(&server).with_token("alice-token");
+    let ns = "team-a";
+    let larry = std::fs::read_to_string(example("vm.yaml"))
+        .expect("examples/vm.yaml")
+        .replace("name: demo", "name: larry")
+        .replace("runStrategy: Manual", "runStrategy: Always");
+    let (code, out, err) = alice.run_with_stdin(&["apply", "-f", "-", "-n", ns], &larry);
+    assert_eq!(code, 0, "apply failed\nstdout: {out}\nstderr: {err}");
+    let running = || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let vm: Value =
+                serde_json::from_str(&alice.ok(&["get", "vm", "larry", "-n", ns, "-o", "json"]))
+                    .expect("VM JSON");
+            if vm["status"]["printableStatus"] == "Running" {
+                return;
+            }
+            assert!(Instant::now() < deadline, "larry not running:\n{vm:#}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    running();
+    alice.ok(&["snapshot", "larry", "s1", "-n", ns]);
+    alice.ok(&[
+        "patch",
+        "vm",
+        "larry",
+        "-n",
+        ns,
+        "-p",
+        r#"{"spec":{"template":{"spec":{"domain":{"cpu":{"cores":2}}}}}}"#,
+    ]);
+    let out = alice.ok(&[
+        "restore",
+        "larry",
+        "--snapshot",
+        "s1",
+        "--restore-name",
+        "r1",
+        "-n",
+        ns,
+    ]);
+    assert_eq!(out, "virtualmachinerestore/r1 created (InProgress)\n");
+    alice.ok(&["stop", "larry", "-n", ns]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r: Value =
+            serde_json::from_str(&alice.ok(&["get", "restore", "r1", "-n", ns, "-o", "json"]))
+                .expect("restore JSON");
+        if r["status"]["complete"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "r1 not complete:\n{r:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let vm: Value =
+        serde_json::from_str(&alice.ok(&["get", "vm", "larry", "-n", ns, "-o", "json"]))
+            .expect("VM JSON");
+    assert_eq!(cores(&vm), 1, "restored: {vm:#}");
+
+    // history: the VM's restore edit and the restore's own steps are alice's.
+    let vm_edits = history_actors(&alice, "vm", "larry", ns, &["VmSpecEdited"]);
+    assert_eq!(vm_edits.len(), 2, "the patch and the restore: {vm_edits:?}");
+    for (event, actor) in &vm_edits {
+        assert_eq!(actor, "alice", "{event} of vm larry");
+    }
+    let steps = history_actors(
+        &alice,
+        "restore",
+        "r1",
+        ns,
+        &[
+            "ObjectCreated",
+            "RestoreTargetFoundRunning",
+            "RestoreStarted",
+            "RestoreCompleted",
+        ],
+    );
+    assert_eq!(steps.len(), 4, "{steps:?}");
+    for (event, actor) in &steps {
+        assert_eq!(actor, "alice", "{event} of restore r1");
+    }
+
+    // audit: not one event of the namespace is the driver's.
+    let audit: Value =
+        serde_json::from_str(&alice.ok(&["audit", "-n", ns, "-o", "json"])).expect("audit JSON");
+    let records = audit.as_array().expect("a list");
+    for event in ["VmSpecEdited", "RestoreStarted", "RestoreCompleted"] {
+        assert!(
+            records.iter().any(|r| r["event"] == event),
+            "{event} not in the audit:\n{audit:#}"
+        );
+    }
+    for r in records {
+        assert_ne!(r["actor"], "system:saga-driver", "{r:#}");
+    }
+    let by_alice: Value =
+        serde_json::from_str(&alice.ok(&["audit", "-n", ns, "--actor", "alice", "-o", "json"]))
+            .expect("audit JSON");
+    assert!(
+        by_alice
+            .as_array()
+            .expect("a list")
+            .iter()
+            .any(|r| r["event"] == "RestoreCompleted"),
+        "{by_alice:#}"
+    );
+}

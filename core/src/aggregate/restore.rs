@@ -75,6 +75,18 @@ pub enum ReadinessPolicy {
 }
 
 impl ReadinessPolicy {
+    /// The policy KubeVirt's word names ([`ReadinessPolicy::as_str`]), if any.
+    pub fn from_word(word: &str) -> Option<ReadinessPolicy> {
+        [
+            ReadinessPolicy::WaitGracePeriod,
+            ReadinessPolicy::StopTarget,
+            ReadinessPolicy::FailImmediate,
+            ReadinessPolicy::WaitEventually,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == word)
+    }
+
     /// KubeVirt's word.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -307,10 +319,59 @@ pub fn decide(
 /// KubeVirt's restore error when the target exists and is not the snapshot's source.
 pub const RESTORE_TO_EXISTING_TARGET: &str =
     "restore source and restore target are different but restore target already exists";
-/// KubeVirt's `Failure` reason for `FailImmediate`.
-pub const TARGET_NOT_READY: &str = "Restore target not ready";
-/// KubeVirt's `Failure` reason when `WaitGracePeriod` runs out.
-pub const GRACE_PERIOD_EXCEEDED: &str = "Restore target failed to be ready within 5m0s";
+/// KubeVirt's `Failure` reason for `FailImmediate` (restore.go `targetNotReadyFailureMessage`).
+pub const TARGET_NOT_READY: &str =
+    "Restore target VMI must be powered off before restore operation";
+/// KubeVirt's `Progressing`/`Ready` reason while a `WaitEventually` restore waits for its
+/// running target (restore.go `waitEventuallyMessage`).
+pub const WAITING_EVENTUALLY: &str = "Waiting for target VM to be powered off. Please stop the restore target to proceed with restore";
+/// KubeVirt's `Progressing`/`Ready` reason while a `StopTarget` restore stops its running
+/// target (restore.go `stopTargetMessage`).
+pub const STOPPING_TARGET: &str = "Automatically stopping restore target for restore operation";
+
+/// KubeVirt's `Progressing`/`Ready` reason while a `WaitGracePeriod` restore waits for its
+/// running target (restore.go `waitGracePeriodMessage`), with the grace period
+/// ([`RESTORE_TARGET_GRACE_PERIOD_SECONDS`]) written as Go writes a duration: `… fail after
+/// 5m0s`.
+pub fn waiting_grace_period() -> String {
+    format!(
+        "{WAITING_EVENTUALLY}, or the operation will fail after {}",
+        go_duration(RESTORE_TARGET_GRACE_PERIOD_SECONDS)
+    )
+}
+
+/// KubeVirt's `Failure` reason when `WaitGracePeriod` runs out (restore.go
+/// `restoreGracePeriodExceededError`): `Restore target failed to be ready within 5m0s. …`.
+pub fn grace_period_exceeded() -> String {
+    format!(
+        "Restore target failed to be ready within {}. Please power off the target VM before attempting restore",
+        go_duration(RESTORE_TARGET_GRACE_PERIOD_SECONDS)
+    )
+}
+
+/// A whole number of seconds as Go's `time.Duration.String` writes it: `5m0s`, `1h0m0s`, `45s`.
+fn go_duration(seconds: i64) -> String {
+    let (h, m, s) = (seconds / 3600, (seconds % 3600) / 60, seconds % 60);
+    if h != 0 {
+        format!("{h}h{m}m{s}s")
+    } else if m != 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// The `Progressing`/`Ready` reason while a restore waits for its running target, by the
+/// policy its `RestoreTargetFoundRunning` recorded (KubeVirt's `handleVMRestoreTargetNotReady`).
+fn waiting_reason(policy: &str) -> String {
+    match ReadinessPolicy::from_word(policy) {
+        Some(ReadinessPolicy::StopTarget) => STOPPING_TARGET.to_owned(),
+        Some(ReadinessPolicy::WaitEventually) => WAITING_EVENTUALLY.to_owned(),
+        // `FailImmediate` fails in the step that finds the target running; an unknown word
+        // cannot have been recorded by this code: the default policy's reason.
+        _ => waiting_grace_period(),
+    }
+}
 
 fn progress(
     state: &RestoreState,
@@ -407,7 +468,7 @@ fn progress(
             ReadinessPolicy::WaitGracePeriod
                 if now.saturating_sub(since) >= RESTORE_TARGET_GRACE_PERIOD_SECONDS * 1000 =>
             {
-                return Ok(step.failed(GRACE_PERIOD_EXCEEDED));
+                return Ok(step.failed(grace_period_exceeded()));
             }
             _ => {}
         }
@@ -535,7 +596,21 @@ fn restore_identity(
         .unwrap_or_default();
     if target_live {
         // Row 9: the same VM.
-        return firmware::identity_for_restore(&snap, target, target, false, &ifaces, ctx);
+        let mut identity =
+            firmware::identity_for_restore(&snap, target, target, false, &ifaces, ctx);
+        // Row 14: the origin says where the VM's UUID came from. Putting back the UUID the VM
+        // already has changes nothing about its identity: the VM keeps its origin
+        // (`vm::decide` records no new one), and the restore reports that same origin. Only a
+        // different UUID makes the VM's origin the restore's (`Restored`, or `Legacy`).
+        if let Some(current) = input
+            .target
+            .firmware
+            .as_ref()
+            .filter(|f| f.uuid == identity.uuid)
+        {
+            identity.origin = current.origin;
+        }
+        return identity;
     }
     let target_stream = streams::vm(ns, target);
     let held = input
@@ -689,10 +764,10 @@ pub fn render_restore(s: &RestoreState) -> Option<serde_json::Value> {
             condition("Ready", false, "Waiting for target update", Some(st.at_ms)),
         ]
     } else if let Some(w) = s.found_running.last() {
-        let reason = "Waiting for target to be ready";
+        let reason = waiting_reason(&w.policy);
         vec![
-            condition("Progressing", false, reason, Some(w.at_ms)),
-            condition("Ready", false, reason, Some(w.at_ms)),
+            condition("Progressing", false, &reason, Some(w.at_ms)),
+            condition("Ready", false, &reason, Some(w.at_ms)),
         ]
     } else {
         let reason = "Initializing VirtualMachineRestore";

@@ -920,6 +920,82 @@ fn row_10_a_stale_holder_read_is_settled_by_the_claim() {
     assert_eq!(s["complete"], false);
 }
 
+/// The `RestoreStarted` summary `audit` and `history` show for restore `name`.
+fn started_summary(w: &World, name: &str) -> String {
+    w.events(&format!("restore/default/{name}"))
+        .iter()
+        .find(|e| e.type_name() == "RestoreStarted")
+        .expect("RestoreStarted")
+        .summary()
+}
+
+#[test]
+fn row_09_14_restore_putting_back_the_same_uuid_reports_the_vms_own_origin() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Halted"));
+    let (uuid, serial, origin) = fw(&w, "larry");
+    assert_eq!(origin, FirmwareOrigin::Generated);
+    w.snapshot_of("larry", "snap-larry");
+    // Only the memory changes: the UUID stays the one the snapshot holds.
+    let mut edited = small_vm("larry", "Halted");
+    edited.vmi_spec_mut().domain.memory_mut().guest = Some("1Gi".parse().unwrap());
+    w.vm_cmd("larry", apply_cmd(edited)).unwrap();
+    w.drive_restore(
+        "restore-larry",
+        Some(snippet("vmrestore-restore-larry.yaml")),
+    )
+    .unwrap();
+    assert!(w.restore("restore-larry").completed.is_some());
+    // Nothing about larry's identity changed: its UUID is still the one it was generated with.
+    assert_eq!(fw(&w, "larry"), (uuid, serial, FirmwareOrigin::Generated));
+    assert!(
+        !w.events("vm/default/larry")
+            .iter()
+            .skip(1)
+            .any(|e| e.type_name() == "FirmwareUuidAssigned"),
+        "no new identity recorded"
+    );
+    // The restore says the same as the VM.
+    let s = status_of(restore::render_restore(&w.restore("restore-larry")));
+    assert_eq!(s["targetIdentity"]["firmwareUUID"], uuid.to_string());
+    assert_eq!(s["targetIdentity"]["origin"], "Generated", "{s}");
+    assert_eq!(
+        started(&w, "restore-larry").firmware_origin,
+        FirmwareOrigin::Generated
+    );
+    assert_eq!(
+        started_summary(&w, "restore-larry"),
+        format!("restoring snap-larry into larry (firmware {uuid} Generated)")
+    );
+}
+
+#[test]
+fn row_09_14_restore_putting_back_another_uuid_makes_both_say_restored() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Halted"));
+    let (uuid, serial, _) = fw(&w, "larry");
+    w.snapshot_of("larry", "snap-larry");
+    // The user gives larry another UUID: its origin is theirs.
+    let mut edited = small_vm("larry", "Halted");
+    edited.firmware_mut().uuid = Some("11111111-2222-4333-8444-555555555555".into());
+    w.vm_cmd("larry", apply_cmd(edited)).unwrap();
+    assert_eq!(fw(&w, "larry").2, FirmwareOrigin::UserSpecified);
+    w.drive_restore(
+        "restore-larry",
+        Some(snippet("vmrestore-restore-larry.yaml")),
+    )
+    .unwrap();
+    // The snapshot's UUID is back: larry's origin is now the restore, and the restore agrees.
+    assert_eq!(fw(&w, "larry"), (uuid, serial, FirmwareOrigin::Restored));
+    let s = status_of(restore::render_restore(&w.restore("restore-larry")));
+    assert_eq!(s["targetIdentity"]["firmwareUUID"], uuid.to_string());
+    assert_eq!(s["targetIdentity"]["origin"], "Restored", "{s}");
+    assert_eq!(
+        started_summary(&w, "restore-larry"),
+        format!("restoring snap-larry into larry (firmware {uuid} Restored)")
+    );
+}
+
 #[test]
 fn restore_onto_another_existing_vm_fails_as_in_kubevirt() {
     let mut w = World::new();
@@ -981,11 +1057,13 @@ fn readiness_wait_grace_period_is_the_default_and_fails_after_five_minutes() {
     );
     let r = w.restore("restore-larry");
     assert_eq!(r.found_running[0].policy, "WaitGracePeriod");
+    // KubeVirt's reason (restore.go `waitGracePeriodMessage`), with the grace period.
     let s = status_of(restore::render_restore(&r));
-    assert_eq!(
-        condition(&s, "Progressing")["reason"],
-        "Waiting for target to be ready"
-    );
+    let waiting = "Waiting for target VM to be powered off. Please stop the restore target to \
+                   proceed with restore, or the operation will fail after 5m0s";
+    assert_eq!(condition(&s, "Progressing")["reason"], waiting);
+    assert_eq!(condition(&s, "Progressing")["status"], "False");
+    assert_eq!(condition(&s, "Ready")["reason"], waiting);
     // 299 s later: still waiting, nothing new recorded.
     w.ctx.advance_secs(299);
     let before = w.log.len();
@@ -1005,7 +1083,8 @@ fn readiness_wait_grace_period_is_the_default_and_fails_after_five_minutes() {
     let s = status_of(restore::render_restore(&w.restore("restore-larry")));
     assert_eq!(
         condition(&s, "Failure")["reason"],
-        "Restore target failed to be ready within 5m0s"
+        "Restore target failed to be ready within 5m0s. Please power off the target VM before \
+         attempting restore"
     );
     assert_eq!(s["complete"], false);
 }
@@ -1054,6 +1133,14 @@ fn readiness_stop_target_stops_the_vm_then_restores() {
             .any(|e| e.type_name() == "VmStopRequested")
     );
     assert!(w.restore("r").found_running[0].stop_requested);
+    // KubeVirt's reason while it stops the target (restore.go `stopTargetMessage`).
+    let s = status_of(restore::render_restore(&w.restore("r")));
+    for kind in ["Progressing", "Ready"] {
+        assert_eq!(
+            condition(&s, kind)["reason"],
+            "Automatically stopping restore target for restore operation"
+        );
+    }
     // The reconciler stops it; the restore goes on.
     w.vmi_stops("larry");
     let trace = w.drive_restore("r", None).unwrap();
@@ -1073,9 +1160,10 @@ fn readiness_fail_immediate_fails_at_once() {
     );
     assert_eq!(w.drive_restore("r", Some(m)).unwrap(), [Next::Done]);
     let s = status_of(restore::render_restore(&w.restore("r")));
+    // KubeVirt's reason (restore.go `targetNotReadyFailureMessage`).
     assert_eq!(
         condition(&s, "Failure")["reason"],
-        "Restore target not ready"
+        "Restore target VMI must be powered off before restore operation"
     );
     assert_eq!(condition(&s, "Ready")["reason"], "Operation failed");
     assert!(w.vm("larry").active_vmi().is_some(), "the VM keeps running");
@@ -1094,6 +1182,15 @@ fn readiness_wait_eventually_never_gives_up() {
         w.drive_restore("r", Some(m)).unwrap(),
         [Next::WaitForChange]
     );
+    // KubeVirt's reason (restore.go `waitEventuallyMessage`): no deadline to announce.
+    let s = status_of(restore::render_restore(&w.restore("r")));
+    for kind in ["Progressing", "Ready"] {
+        assert_eq!(
+            condition(&s, kind)["reason"],
+            "Waiting for target VM to be powered off. Please stop the restore target to proceed \
+             with restore"
+        );
+    }
     w.ctx.advance_secs(24 * 3600);
     assert_eq!(w.drive_restore("r", None).unwrap(), [Next::WaitForChange]);
     assert!(w.restore("r").failed.is_none());
