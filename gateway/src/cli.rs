@@ -133,7 +133,7 @@ impl Cli {
                             .into(),
                     ))
                 }
-                Command::Delete(delete) if delete.recursive && delete.file.is_none() => Some((
+                Command::Delete(delete) if delete.recursive && delete.file.is_empty() => Some((
                     clap::error::ErrorKind::MissingRequiredArgument,
                     "-R reads a directory's subdirectories: give the directory with -f DIR".into(),
                 )),
@@ -237,9 +237,21 @@ pub enum Command {
     /// Create or update every object of a YAML/JSON file (multi-document), or of every such
     /// file in a directory.
     #[command(
-        after_help = "Prints KIND/NAME created|configured|unchanged for each object. A `List` (what
-`get -o yaml` prints for several objects) applies its items in order. A directory: its
-.yaml, .yml and .json files in name order (subdirectories too with -R).
+        after_help = "Prints KIND/NAME created|configured|unchanged for each object, in the order applied.
+A `List` (what `get -o yaml` prints for several objects) stands for its items. A directory:
+its .yaml, .yml and .json files in name order (subdirectories too with -R). -f may be given
+several times: all their objects are one input.
+
+The objects are applied ordered by kind, each kind in the input's order: the cluster
+configuration (KubeVirt) first, then instancetypes and preferences, then VMs and VMIs, then
+snapshots, restores and clones. So a VM may come before its instancetype in a file, or in a
+file named before the instancetype's: a VM captures its instancetype's revision when it is
+created, and the instancetype is created first. (kubectl applies in the input's order.)
+
+A dry run creates nothing, so a VM whose instancetype or preference only this input creates
+cannot be checked against it: its line says `not checked (dry run)` and why, and it is not
+counted as refused (with -o name|json|yaml it is said on stderr and not printed). Anything
+else the server finds wrong with the VM is refused as usual.
 
 Examples:
   vmplane apply -f vm.yaml
@@ -247,6 +259,7 @@ Examples:
   vmplane get vms -o yaml > vms.yaml && vmplane apply -f vms.yaml   # unchanged, each
   vmplane apply -f manifests/                 # every manifest file in manifests/
   vmplane apply -f manifests/ -R              # and in its subdirectories
+  vmplane apply -f vm.yaml -f instancetype.yaml   # the instancetype is applied first
   vmplane apply -f vm.yaml --dry-run          # validate server-side, change nothing
   vmplane apply -f vm.yaml --dry-run -o yaml  # the object as it would be stored
   vmplane apply -f vm.yaml --expected-generation 3"
@@ -256,7 +269,14 @@ Examples:
     /// Like apply, for manifests exported from a KubeVirt cluster: a VM without a firmware UUID
     /// keeps the legacy, name-derived UUID KubeVirt gave it.
     #[command(
-        after_help = "Examples:\n  vmplane import -f exported-vms.yaml\n  vmplane import -f exported/ -R"
+        after_help = "The objects are applied ordered by kind, as apply orders them (the cluster configuration,
+instancetypes and preferences, VMs and VMIs, snapshots, restores, clones), each kind in the
+input's order.
+
+Examples:
+  vmplane import -f exported-vms.yaml
+  vmplane import -f exported/ -R
+  vmplane import -f exported-vms.yaml -f exported-instancetypes.yaml"
     )]
     Import(ApplyArgs),
 
@@ -390,10 +410,18 @@ Examples:
     Diff(DiffArgs),
 
     /// Who did what, when.
-    #[command(after_help = "Examples:
+    #[command(
+        after_help = "The entries of one namespace (-n), or of every namespace you may read (-A) and of the
+cluster-scoped objects. The cluster configuration (kubevirt), cluster instancetypes and
+cluster preferences are in no namespace: `--kind` of one of them shows its entries without -A,
+whatever -n says.
+
+Examples:
   vmplane audit                                  # namespace `default`
   vmplane audit -A --actor alice
-  vmplane audit --kind vm --since 2026-11-22T00:00:00Z --until 2026-11-23T00:00:00Z")]
+  vmplane audit --kind kubevirt                  # who changed the cluster configuration
+  vmplane audit --kind vm --since 2026-11-22T00:00:00Z --until 2026-11-23T00:00:00Z"
+    )]
     Audit(AuditArgs),
 
     /// Print events as they happen.
@@ -651,9 +679,14 @@ pub struct ServeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ApplyArgs {
     /// File to read (YAML or JSON, several documents allowed), a directory (its .yaml, .yml
-    /// and .json files, in name order), or `-` for standard input.
-    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
-    pub file: String,
+    /// and .json files, in name order), or `-` for standard input. May be given several times.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE|DIR|-",
+        required = true
+    )]
+    pub file: Vec<String>,
     /// With a directory: read its subdirectories too.
     #[arg(short = 'R', long)]
     pub recursive: bool,
@@ -717,9 +750,9 @@ pub struct DeleteArgs {
     pub selector: Option<String>,
     /// Delete the objects a file names (YAML or JSON, several documents allowed), a directory
     /// (its .yaml, .yml and .json files, in name order), or `-` for standard input: each by
-    /// its kind, name and namespace, as `apply -f` wrote them.
+    /// its kind, name and namespace, as `apply -f` wrote them. May be given several times.
     #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
-    pub file: Option<String>,
+    pub file: Vec<String>,
     /// With a directory: read its subdirectories too.
     #[arg(short = 'R', long)]
     pub recursive: bool,
@@ -1084,9 +1117,10 @@ pub struct ExpandArgs {
     /// Name of the VM.
     #[arg(required_unless_present = "file")]
     pub name: Option<String>,
-    /// Expand a manifest instead of a stored VM.
+    /// Expand a manifest instead of a stored VM (`-` for standard input). May be given several
+    /// times; together they hold one VirtualMachine.
     #[arg(short = 'f', long = "filename", value_name = "FILE", conflicts_with_all = ["kind", "name"])]
-    pub file: Option<String>,
+    pub file: Vec<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -1137,7 +1171,8 @@ pub struct AuditArgs {
     /// Only events before this instant (RFC 3339).
     #[arg(long, value_name = "RFC3339", value_parser = rfc3339)]
     pub until: Option<String>,
-    /// Only events of this kind of object.
+    /// Only events of this kind of object (a cluster-scoped kind's entries are in no
+    /// namespace: shown whatever -n says).
     #[arg(long)]
     pub kind: Option<String>,
     /// Every namespace (the ones you may read).

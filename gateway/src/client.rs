@@ -138,6 +138,48 @@ pub struct About<'a> {
     pub verb: Option<Verb>,
     /// `--at-position P` or `--as-of T`, when it was read as it was then.
     pub then: Option<String>,
+    /// For a refused lifecycle request: the VM as read after the refusal, which decides what
+    /// the hint may suggest (`None`: not read, and no lifecycle command is suggested).
+    pub vm: Option<VmFacts>,
+}
+
+/// What decides which lifecycle request a VM accepts (core's `lifecycle` and the VM
+/// aggregate's start, stop and restart rules): its run strategy, whether it has a VMI that has
+/// not ended, and whether its last VMI failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VmFacts {
+    /// `status.runStrategy` (`None`: none valid).
+    pub run_strategy: Option<vmplane_core::lifecycle::RunStrategy>,
+    /// `status.created`: a VMI that has not ended.
+    pub active: bool,
+    /// Whether its VMI (ended) failed; `None` when that was not read.
+    pub vmi_failed: Option<bool>,
+}
+
+impl VmFacts {
+    /// Whether the VM accepts `verb` now, by the rules of `vmplane_core::aggregate::vm`'s
+    /// `start`, `stop` and `restart`; `false` when that depends on what was not read.
+    #[must_use]
+    pub fn accepts(&self, verb: Verb) -> bool {
+        use vmplane_core::lifecycle::RunStrategy as R;
+        let Some(rs) = self.run_strategy else {
+            return false;
+        };
+        match verb {
+            Verb::Start => {
+                !self.active
+                    && match rs {
+                        R::Always | R::Once => false,
+                        R::Halted | R::Manual => true,
+                        R::RerunOnFailure => self.vmi_failed == Some(false),
+                    }
+            }
+            // Under Always and Once a stop is always taken (it halts the VM); otherwise a VMI
+            // must be running.
+            Verb::Stop => matches!(rs, R::Always | R::Once) || self.active,
+            Verb::Restart => self.active && !matches!(rs, R::Halted | R::Once),
+        }
+    }
 }
 
 impl<'a> About<'a> {
@@ -304,13 +346,17 @@ fn hint(status: &Status, about: Option<&About<'_>>) -> Option<String> {
             about.verb?;
             let name = about.name;
             let shows = format!("`vmplane get vm {name}{ns}` shows its status");
-            Some(if message.ends_with("is already running") {
-                format!("{shows}; `vmplane restart {name}{ns}` restarts it")
-            } else if message.ends_with("is not running") {
-                format!("`vmplane start {name}{ns}` starts it; {shows}")
-            } else {
-                format!("{shows} and run strategy")
-            })
+            // A command is suggested only when the VM, as read after the refusal, accepts it.
+            let accepts = |verb| about.vm.is_some_and(|vm| vm.accepts(verb));
+            Some(
+                if message.ends_with("is already running") && accepts(Verb::Restart) {
+                    format!("{shows}; `vmplane restart {name}{ns}` restarts it")
+                } else if !message.ends_with("is already running") && accepts(Verb::Start) {
+                    format!("`vmplane start {name}{ns}` starts it; {shows}")
+                } else {
+                    format!("{shows} and run strategy")
+                },
+            )
         }
         _ => None,
     }
@@ -414,8 +460,8 @@ struct Objects {
     failures: Vec<anyhow::Error>,
 }
 
-fn objects_of(g: &GlobalArgs, file: &str, recursive: bool) -> anyhow::Result<Objects> {
-    let read = input::read(file, recursive)?;
+fn objects_of(g: &GlobalArgs, files: &[String], recursive: bool) -> anyhow::Result<Objects> {
+    let read = input::read_all(files, recursive)?;
     let total = read.len();
     let (mut units, mut failures) = (Vec::with_capacity(total), Vec::new());
     for unit in read {
@@ -431,7 +477,8 @@ fn objects_of(g: &GlobalArgs, file: &str, recursive: bool) -> anyhow::Result<Obj
     })
 }
 
-/// `apply` and `import`.
+/// `apply` and `import`: every object of every `-f`, sent one by one in dependency order
+/// ([`input::dependency_order`]), each line printed as its object is applied.
 pub async fn apply(
     c: &mut Clients,
     g: &GlobalArgs,
@@ -439,15 +486,19 @@ pub async fn apply(
     import: bool,
 ) -> anyhow::Result<()> {
     let Objects {
-        units,
+        mut units,
         total,
         mut failures,
     } = objects_of(g, &a.file, a.recursive)?;
+    input::dependency_order(&mut units);
     let mut out = std::io::stdout().lock();
     // With -o json|yaml, the objects written, printed at the end: one object for a one-object
     // input, else a `List` (kubectl's shape), at the position of the last write.
     let mut written: Vec<pb::Object> = Vec::new();
     let mut written_at = 0;
+    // A dry run's instancetypes and preferences that this input would create (they do not
+    // exist yet): a VM referring to one cannot be checked against it.
+    let mut would_create = WouldCreate::default();
     for unit in units {
         let doc = unit.json();
         // Over the manifest limit: refused here, named, as the server would refuse it (past
@@ -473,6 +524,9 @@ pub async fn apply(
             Ok(r) => {
                 let r = r.into_inner();
                 let obj = r.object.unwrap_or_default();
+                if a.dry_run && r.outcome == "created" {
+                    would_create.add(&unit, &g.namespace);
+                }
                 let suffix = if a.dry_run { " (dry run)" } else { "" };
                 match g.output {
                     Some(Output::Json | Output::Yaml) => {
@@ -490,6 +544,24 @@ pub async fn apply(
                 }
             }
             Err(status) => {
+                if a.dry_run
+                    && let Some(why) = would_create.unchecked(&status, &unit, &g.namespace)
+                {
+                    let line = format!(
+                        "virtualmachine/{} not checked (dry run): {why}",
+                        unit.value
+                            .pointer("/metadata/name")
+                            .and_then(serde_json::Value::as_str)
+                            .unwrap_or_default(),
+                    );
+                    match g.output {
+                        None | Some(Output::Table | Output::Wide) => writeln!(out, "{line}")?,
+                        Some(Output::Name | Output::Json | Output::Yaml) => {
+                            eprintln!("vmplane: warning: {line}");
+                        }
+                    }
+                    continue;
+                }
                 // A conflict is about the object written; other refusals may be about
                 // what it references (an instancetype), which no hint could name.
                 let about = (status.code() == tonic::Code::Aborted)
@@ -506,6 +578,131 @@ pub async fn apply(
         all => print::list(&mut out, g.output, all, written_at)?,
     }
     outcome(failures, total, "applied")
+}
+
+/// The instancetypes and preferences a dry run found it would create, with their places in
+/// the input: what a VM of the same input may refer to before it exists.
+#[derive(Debug, Default)]
+struct WouldCreate {
+    /// (kind, namespace, name) → place; the namespace is empty for a cluster-wide kind.
+    objects: std::collections::BTreeMap<(Kind, String, String), String>,
+}
+
+impl WouldCreate {
+    /// Records `unit`, a dry run of which answered `created`, if it is an instancetype or a
+    /// preference.
+    fn add(&mut self, unit: &Unit, namespace: &str) {
+        let Some(kind) = unit
+            .value
+            .get("kind")
+            .and_then(serde_json::Value::as_str)
+            .and_then(Kind::from_cli_name)
+            .filter(|k| {
+                matches!(
+                    k,
+                    Kind::VirtualMachineInstancetype
+                        | Kind::VirtualMachineClusterInstancetype
+                        | Kind::VirtualMachinePreference
+                        | Kind::VirtualMachineClusterPreference
+                )
+            })
+        else {
+            return;
+        };
+        let Some(name) = unit
+            .value
+            .pointer("/metadata/name")
+            .and_then(serde_json::Value::as_str)
+        else {
+            return;
+        };
+        let namespace = if kind.namespaced() {
+            unit.value
+                .pointer("/metadata/namespace")
+                .and_then(serde_json::Value::as_str)
+                .filter(|ns| !ns.is_empty())
+                .unwrap_or(namespace)
+        } else {
+            ""
+        };
+        self.objects.insert(
+            (kind, namespace.to_owned(), name.to_owned()),
+            unit.place.clone(),
+        );
+    }
+
+    /// Why the dry run of the VM of `unit` could not be checked, when `status` refuses it only
+    /// because an instancetype or preference it refers to does not exist, and this input
+    /// creates every one of those ([`WouldCreate::add`]): its apply would create them first.
+    /// `None` when it is refused for anything else, which its apply would be too.
+    fn unchecked(&self, status: &Status, unit: &Unit, namespace: &str) -> Option<String> {
+        use vmplane_core::codes::{INSTANCETYPE_NOT_FOUND, PREFERENCE_NOT_FOUND};
+        if status.code() != tonic::Code::NotFound
+            || unit.value.get("kind").and_then(serde_json::Value::as_str) != Some("VirtualMachine")
+        {
+            return None;
+        }
+        let reasons: Vec<&str> = status
+            .metadata()
+            .get(crate::status::REASONS_KEY)
+            .and_then(|v| v.to_str().ok())?
+            .split(',')
+            .collect();
+        if reasons.is_empty()
+            || reasons
+                .iter()
+                .any(|r| *r != INSTANCETYPE_NOT_FOUND && *r != PREFERENCE_NOT_FOUND)
+        {
+            return None;
+        }
+        let vm: vmplane_core::types::VirtualMachine =
+            serde_json::from_value(unit.value.clone()).ok()?;
+        let vm_namespace = vm
+            .metadata
+            .namespace
+            .as_deref()
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or(namespace);
+        let refs = vmplane_core::instancetype::references(&vm);
+        let mut missing = Vec::new();
+        for (code, field, what, reference) in [
+            (
+                INSTANCETYPE_NOT_FOUND,
+                "spec.instancetype.name",
+                "instancetype",
+                refs.instancetype,
+            ),
+            (
+                PREFERENCE_NOT_FOUND,
+                "spec.preference.name",
+                "preference",
+                refs.preference,
+            ),
+        ] {
+            if !reasons.contains(&code) {
+                continue;
+            }
+            let (kind, name) = reference?;
+            let ns = if kind.namespaced() { vm_namespace } else { "" };
+            let place = self.objects.get(&(kind, ns.to_owned(), name.clone()))?;
+            missing.push((
+                format!("{field}: {} ({place})", object_title(kind, ns, &name)),
+                what,
+            ));
+        }
+        match missing.as_slice() {
+            [] => None,
+            [(one, what)] => Some(format!(
+                "{one} does not exist yet: this input creates it, and a VM is checked against \
+                 its {what} only once that exists"
+            )),
+            [(first, _), (second, _)] => Some(format!(
+                "{first} and {second} do not exist yet: this input creates them, and a VM is \
+                 checked against its instancetype and preference only once they exist"
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// What an error about the object of `unit` is about: its kind, namespace (`namespace` when
@@ -703,7 +900,7 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
     if let (Some(kind), Some(selector)) = (&a.kind, &a.selector) {
         return delete_selected(c, g, a, kind, selector, &mut out).await;
     }
-    let Some(file) = &a.file else {
+    if a.file.is_empty() {
         // clap requires both without -f or -l.
         let (Some(kind), Some(name)) = (&a.kind, &a.name) else {
             bail!(
@@ -722,12 +919,12 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
             said_deleted(&mut out, g, &target, false)?;
         }
         return Ok(());
-    };
+    }
     let Objects {
         units,
         total,
         mut failures,
-    } = objects_of(g, file, a.recursive)?;
+    } = objects_of(g, &a.file, a.recursive)?;
     for unit in units {
         let text = |pointer: &str| {
             unit.value
@@ -1231,13 +1428,23 @@ pub async fn lifecycle(
         Verb::Stop => (c.lifecycle.stop(req).await, "stop requested"),
         Verb::Restart => (c.lifecycle.restart(req).await, "restart requested"),
     };
-    let about = About {
-        verb: Some(verb),
-        ..About::object("vm", &g.namespace, &a.name)
+    let resp = match resp {
+        Ok(resp) => resp.into_inner(),
+        Err(status) => {
+            // What the hint may suggest depends on the VM's run strategy and state: read it.
+            let vm = if status.code() == tonic::Code::FailedPrecondition {
+                vm_facts(c, &g.namespace, &a.name).await
+            } else {
+                None
+            };
+            let about = About {
+                verb: Some(verb),
+                vm,
+                ..About::object("vm", &g.namespace, &a.name)
+            };
+            return Err(status_error_about(status, Some(&about)));
+        }
     };
-    let resp = resp
-        .map_err(|status| status_error_about(status, Some(&about)))?
-        .into_inner();
     if resp.outcome == "unchanged" {
         println!("virtualmachine/{} unchanged", a.name);
     } else {
@@ -1246,17 +1453,59 @@ pub async fn lifecycle(
     Ok(())
 }
 
+/// The VM `namespace/name` as it is now, for a lifecycle refusal's hint; `None` when it cannot
+/// be read (the hint then suggests no command).
+async fn vm_facts(c: &mut Clients, namespace: &str, name: &str) -> Option<VmFacts> {
+    let object = |kind: &str| pb::ObjectRef {
+        kind: kind.into(),
+        namespace: namespace.into(),
+        name: name.into(),
+    };
+    let vm = read_now(c, object("vm"), 0).await.ok()?;
+    let vm: serde_json::Value = serde_json::from_str(&vm.json).ok()?;
+    let status = vm.get("status")?;
+    let mut facts = VmFacts {
+        run_strategy: status
+            .get("runStrategy")
+            .and_then(serde_json::Value::as_str)
+            .and_then(vmplane_core::lifecycle::RunStrategy::parse),
+        active: status
+            .get("created")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false),
+        vmi_failed: None,
+    };
+    // Only RerunOnFailure refuses a start for a failed VMI.
+    if facts.run_strategy == Some(vmplane_core::lifecycle::RunStrategy::RerunOnFailure)
+        && !facts.active
+    {
+        facts.vmi_failed = match read_now(c, object("vmi"), 0).await {
+            Ok(vmi) => serde_json::from_str::<serde_json::Value>(&vmi.json)
+                .ok()
+                .and_then(|v| {
+                    v.pointer("/status/phase")
+                        .and_then(serde_json::Value::as_str)
+                        .map(|phase| phase == "Failed")
+                }),
+            Err(status) if status.code() == tonic::Code::NotFound => Some(false),
+            Err(_) => None,
+        };
+    }
+    Some(facts)
+}
+
 /// `expand`.
 pub async fn expand(c: &mut Clients, g: &GlobalArgs, a: &ExpandArgs) -> anyhow::Result<()> {
     use pb::expand_request::Source;
     let mut unit = None;
-    let source = match (&a.file, &a.kind, &a.name) {
-        (Some(file), _, _) => {
-            let mut units = input::read(file, false)?;
+    let source = match (a.file.as_slice(), &a.kind, &a.name) {
+        (files @ [_, ..], _, _) => {
+            let mut units = input::read_all(files, false)?;
             if units.len() != 1 {
                 bail!(
-                    "-f {file}: expand takes exactly one VirtualMachine, found {} objects; \
+                    "-f {}: expand takes exactly one VirtualMachine, found {} objects; \
                      expand them one file at a time",
+                    files.join(" -f "),
                     units.len()
                 );
             }
@@ -1268,7 +1517,7 @@ pub async fn expand(c: &mut Clients, g: &GlobalArgs, a: &ExpandArgs) -> anyhow::
             unit = Some(one);
             Source::Manifest(manifest)
         }
-        (None, Some(kind), Some(name)) => Source::Ref(pb::ObjectRef {
+        ([], Some(kind), Some(name)) => Source::Ref(pb::ObjectRef {
             kind: kind.clone(),
             namespace: g.namespace.clone(),
             name: name.clone(),
@@ -1418,14 +1667,23 @@ pub async fn diff(c: &mut Clients, g: &GlobalArgs, a: &DiffArgs) -> anyhow::Resu
     Ok(!resp.equal)
 }
 
-/// `audit`.
+/// `audit`. The entries of a cluster-scoped kind (`--kind kubevirt`, cluster instancetypes and
+/// preferences) are in no namespace: the server's filter by `-n`'s namespace would leave every
+/// one out, so they are asked for across namespaces, where the server shows each principal the
+/// cluster-scoped entries (which every principal may read) and, of the namespaced ones, only
+/// those it may read; `--kind` then leaves only the kind's.
 pub async fn audit(c: &mut Clients, g: &GlobalArgs, a: &AuditArgs) -> anyhow::Result<()> {
+    let cluster_kind = a
+        .kind
+        .as_deref()
+        .and_then(Kind::from_cli_name)
+        .filter(|k| k.cluster_wide());
     let resp = c
         .history
         .audit(pb::AuditRequest {
             actor: a.actor.clone().unwrap_or_default(),
             namespace: g.namespace.clone(),
-            all_namespaces: a.all_namespaces,
+            all_namespaces: a.all_namespaces || cluster_kind.is_some(),
             kind: a.kind.clone().unwrap_or_default(),
             since: a.since.clone().unwrap_or_default(),
             until: a.until.clone().unwrap_or_default(),
@@ -1435,7 +1693,9 @@ pub async fn audit(c: &mut Clients, g: &GlobalArgs, a: &AuditArgs) -> anyhow::Re
         .map_err(status_error)?
         .into_inner();
     if resp.entries.is_empty() && is_table(g.output) {
-        if a.all_namespaces {
+        if let Some(kind) = cluster_kind {
+            eprintln!("No audit entries found for {kind} (cluster-scoped: in no namespace).");
+        } else if a.all_namespaces {
             eprintln!("No audit entries found in any namespace.");
         } else {
             eprintln!("No audit entries found in namespace {}.", g.namespace);
@@ -1697,7 +1957,7 @@ pub async fn clone_vm(
 mod tests {
     use tonic::{Code, Status};
 
-    use super::{About, SourceNotFound, Verb, status_error, status_error_about};
+    use super::{About, SourceNotFound, Verb, VmFacts, status_error, status_error_about};
     use vmplane_core::types::Kind;
 
     fn line(status: Status, about: Option<&About<'_>>) -> String {
@@ -1776,14 +2036,20 @@ mod tests {
 
     #[test]
     fn a_lifecycle_refusal_names_the_command_to_run_next() {
-        let verb = |verb| About {
+        use vmplane_core::lifecycle::RunStrategy;
+        let verb = |verb, rs, active| About {
             verb: Some(verb),
+            vm: Some(VmFacts {
+                run_strategy: Some(rs),
+                active,
+                vmi_failed: Some(false),
+            }),
             ..About::object("vm", "ns", "demo")
         };
         assert_eq!(
             line(
                 Status::failed_precondition("VirtualMachine ns/demo: VM is already running"),
-                Some(&verb(Verb::Start))
+                Some(&verb(Verb::Start, RunStrategy::Manual, true))
             ),
             "refused: VirtualMachine ns/demo: VM is already running (`vmplane get vm demo -n \
              ns` shows its status; `vmplane restart demo -n ns` restarts it)"
@@ -1791,7 +2057,7 @@ mod tests {
         assert!(
             line(
                 Status::failed_precondition("VirtualMachine ns/demo: VM is not running"),
-                Some(&verb(Verb::Stop))
+                Some(&verb(Verb::Stop, RunStrategy::Manual, false))
             )
             .ends_with("(`vmplane start demo -n ns` starts it; `vmplane get vm demo -n ns` shows its status)")
         );
@@ -1800,7 +2066,19 @@ mod tests {
                 Status::failed_precondition(
                     "VirtualMachine ns/demo: Halted does not support manual restart requests"
                 ),
-                Some(&verb(Verb::Restart))
+                Some(&verb(Verb::Restart, RunStrategy::Halted, true))
+            )
+            .ends_with("(`vmplane get vm demo -n ns` shows its status and run strategy)")
+        );
+        // Without the VM read, no command is suggested.
+        let unread = About {
+            verb: Some(Verb::Start),
+            ..About::object("vm", "ns", "demo")
+        };
+        assert!(
+            line(
+                Status::failed_precondition("VirtualMachine ns/demo: VM is already running"),
+                Some(&unread)
             )
             .ends_with("(`vmplane get vm demo -n ns` shows its status and run strategy)")
         );
@@ -1813,6 +2091,111 @@ mod tests {
             "FEATURE_NOT_ENABLED".parse().expect("ascii"),
         );
         assert!(line(gate, None).ends_with("an admin enables one in the KubeVirt configuration)"));
+    }
+
+    /// Every refusal core's start, stop and restart make, for every run strategy and VM state
+    /// that leads to it: the hint suggests only a command the same VM accepts, by the same
+    /// rules (`vmplane_core::aggregate::vm`), and suggests one wherever the VM accepts one.
+    #[test]
+    fn a_lifecycle_hint_suggests_only_what_the_run_strategy_accepts() {
+        use vmplane_core::lifecycle::RunStrategy as R;
+        // (verb, run strategy, active VMI, last VMI failed) → the refusal's words, or None when
+        // the request is taken: core's rules, written out.
+        let refusal = |verb: Verb, rs: R, active: bool, failed: bool| -> Option<String> {
+            match verb {
+                Verb::Start if active => Some("VM is already running".into()),
+                Verb::Start => match rs {
+                    R::Always | R::Once => Some(format!(
+                        "{} does not support manual start requests",
+                        rs.as_str()
+                    )),
+                    R::RerunOnFailure if failed => {
+                        Some("RerunOnFailure does not support starting VM from failed state".into())
+                    }
+                    _ => None,
+                },
+                Verb::Stop => match rs {
+                    R::Always | R::Once => None,
+                    _ if active => None,
+                    _ => Some("VM is not running".into()),
+                },
+                Verb::Restart => match rs {
+                    R::Halted => Some("Halted does not support manual restart requests".into()),
+                    R::Once => {
+                        Some("RunStategy Once does not support manual restart requests".into())
+                    }
+                    _ if active => None,
+                    _ => Some("VM is not running".into()),
+                },
+            }
+        };
+        let strategies = [R::Always, R::RerunOnFailure, R::Manual, R::Halted, R::Once];
+        let verbs = [Verb::Start, Verb::Stop, Verb::Restart];
+        for rs in strategies {
+            for active in [false, true] {
+                // A VMI that failed has ended: never with an active one.
+                for failed in [false, true].into_iter().filter(|f| !(*f && active)) {
+                    let facts = VmFacts {
+                        run_strategy: Some(rs),
+                        active,
+                        vmi_failed: Some(failed),
+                    };
+                    for verb in verbs {
+                        // The facts agree with core's rules.
+                        assert_eq!(
+                            facts.accepts(verb),
+                            refusal(verb, rs, active, failed).is_none(),
+                            "{verb:?} {rs:?} active={active} failed={failed}"
+                        );
+                        let Some(words) = refusal(verb, rs, active, failed) else {
+                            continue;
+                        };
+                        let about = About {
+                            verb: Some(verb),
+                            vm: Some(facts),
+                            ..About::object("vm", "ns", "demo")
+                        };
+                        let said = line(
+                            Status::failed_precondition(format!("VirtualMachine ns/demo: {words}")),
+                            Some(&about),
+                        );
+                        let case =
+                            format!("{verb:?} {rs:?} active={active} failed={failed}: {said}");
+                        let mut suggested = 0;
+                        for (command, verb) in [
+                            ("`vmplane start demo -n ns`", Verb::Start),
+                            ("`vmplane stop demo -n ns`", Verb::Stop),
+                            ("`vmplane restart demo -n ns`", Verb::Restart),
+                        ] {
+                            if said.contains(command) {
+                                suggested += 1;
+                                assert!(facts.accepts(verb), "suggests a refused command: {case}");
+                            }
+                        }
+                        // A refused start of a running VM names restart when it is taken; any
+                        // other refusal names start when it is taken.
+                        let helpful = if words == "VM is already running" {
+                            facts.accepts(Verb::Restart)
+                        } else {
+                            facts.accepts(Verb::Start)
+                        };
+                        assert_eq!(suggested, usize::from(helpful), "{case}");
+                        assert!(
+                            said.contains("`vmplane get vm demo -n ns` shows its status"),
+                            "{case}"
+                        );
+                    }
+                }
+            }
+        }
+        // What was not read is not assumed: a RerunOnFailure VM whose VMI was not read.
+        let unknown = VmFacts {
+            run_strategy: Some(R::RerunOnFailure),
+            active: false,
+            vmi_failed: None,
+        };
+        assert!(!unknown.accepts(Verb::Start));
+        assert!(!VmFacts::default().accepts(Verb::Start));
     }
 
     #[test]

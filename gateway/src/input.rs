@@ -1,8 +1,9 @@
 //! What `-f` reads, for `apply`, `import` and `expand`: a file, standard input (`-`) or a
 //! directory (its `.yaml`, `.yml` and `.json` files in name order, subdirectories with
 //! `-R`), each a YAML/JSON stream of documents, and a `List` document (what `get -o yaml`
-//! prints for a list) standing for its items, as kubectl reads them. Each object becomes a
-//! [`Unit`] that knows where it came from, so an error about it can say so.
+//! prints for a list) standing for its items, as kubectl reads them; `-f` given several times,
+//! each input in turn. Each object becomes a [`Unit`] that knows where it came from, so an
+//! error about it can say so. [`dependency_order`] is the order `apply` sends them in.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -55,9 +56,12 @@ pub enum InputError {
     /// Nothing to send.
     #[error("-f {file}: no objects found")]
     NoObjects {
-        /// The input.
+        /// The input (the inputs, `a.yaml -f b.yaml`, when `-f` was given several times).
         file: String,
     },
+    /// `-f -` given more than once: standard input can be read only once.
+    #[error("-f - is given more than once: standard input can be read only once; give -f - once")]
+    StdinTwice,
 }
 
 /// One object read from `-f`, as the JSON the server parses, and where it came from.
@@ -82,6 +86,116 @@ impl Unit {
 
 /// Reads `-f FILE|DIR|-` into the objects it holds, in order.
 pub fn read(file: &str, recursive: bool) -> Result<Vec<Unit>, InputError> {
+    let (mut units, from_dir) = read_input(file, recursive)?;
+    if units.is_empty() {
+        return Err(InputError::NoObjects {
+            file: file.to_string(),
+        });
+    }
+    let among_others = from_dir || units.len() > 1;
+    for unit in &mut units {
+        unit.among_others |= among_others;
+    }
+    Ok(units)
+}
+
+/// Reads every `-f` given, in the order given, into the objects they hold: one input as
+/// [`read`] reads it; with several, each object's place starts with its input's name
+/// (`a.yaml: document 2`; a directory's already name their file), and an input without objects
+/// is no error as long as another has some (kubectl's rule).
+pub fn read_all(files: &[String], recursive: bool) -> Result<Vec<Unit>, InputError> {
+    if let [file] = files {
+        return read(file, recursive);
+    }
+    if files.iter().filter(|f| *f == "-").count() > 1 {
+        return Err(InputError::StdinTwice);
+    }
+    let mut units = Vec::new();
+    for file in files {
+        let (read, from_dir) = read_input(file, recursive)?;
+        units.extend(read.into_iter().map(|mut unit| {
+            if !from_dir {
+                unit.place = format!("{file}: {}", unit.place);
+            }
+            unit.among_others = true;
+            unit
+        }));
+    }
+    if units.is_empty() {
+        return Err(InputError::NoObjects {
+            file: files.join(" -f "),
+        });
+    }
+    Ok(units)
+}
+
+/// The class of objects `apply` sends together, in the order the classes are sent: what an
+/// object of a class refers to is of an earlier class (a VM captures its instancetype's and
+/// preference's revision when it is created, so they must exist first; a snapshot is of a VM;
+/// a restore, of a snapshot; a clone, of a VM or a snapshot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ApplyClass {
+    /// The cluster configuration (`KubeVirt`): the features everything else may use.
+    ClusterConfig,
+    /// Instancetypes and preferences, namespaced and cluster-wide.
+    InstancetypesAndPreferences,
+    /// VMs and VMIs (and the kinds vmplane parses but does not manage: pools, replica sets,
+    /// migrations, which the server refuses).
+    Workloads,
+    /// `VirtualMachineSnapshot`.
+    Snapshots,
+    /// `VirtualMachineRestore`.
+    Restores,
+    /// `VirtualMachineClone`.
+    Clones,
+    /// A document whose `kind` vmplane does not know (or that has none): last, as the server
+    /// refuses it anyway.
+    Unknown,
+}
+
+impl ApplyClass {
+    /// The class of an object by its `kind`.
+    #[must_use]
+    pub fn of(value: &serde_json::Value) -> ApplyClass {
+        use vmplane_core::types::Kind;
+        let kind = value
+            .get("kind")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|k| Kind::ALL.into_iter().find(|known| known.as_str() == k));
+        match kind {
+            None => ApplyClass::Unknown,
+            Some(Kind::KubeVirt) => ApplyClass::ClusterConfig,
+            Some(
+                Kind::VirtualMachineInstancetype
+                | Kind::VirtualMachineClusterInstancetype
+                | Kind::VirtualMachinePreference
+                | Kind::VirtualMachineClusterPreference,
+            ) => ApplyClass::InstancetypesAndPreferences,
+            Some(
+                Kind::VirtualMachine
+                | Kind::VirtualMachineInstance
+                | Kind::VirtualMachinePool
+                | Kind::VirtualMachineInstanceReplicaSet
+                | Kind::VirtualMachineInstanceMigration,
+            ) => ApplyClass::Workloads,
+            Some(Kind::VirtualMachineSnapshot) => ApplyClass::Snapshots,
+            Some(Kind::VirtualMachineRestore) => ApplyClass::Restores,
+            Some(Kind::VirtualMachineClone) => ApplyClass::Clones,
+        }
+    }
+}
+
+/// Puts `units` in the order `apply` sends them: by [`ApplyClass`], each class in the input's
+/// order (a stable sort), so that a VM written before its instancetype in a file, or in a file
+/// that sorts before the instancetype's, is created after it, as kubectl with KubeVirt creates
+/// it. Each unit keeps its place in the input for its messages.
+pub fn dependency_order(units: &mut [Unit]) {
+    units.sort_by_key(|unit| ApplyClass::of(&unit.value));
+}
+
+/// The objects of one `-f` input in order, and whether it was a directory; no object is no
+/// error here.
+fn read_input(file: &str, recursive: bool) -> Result<(Vec<Unit>, bool), InputError> {
     let mut sources = Vec::new();
     let from_dir;
     if file == "-" {
@@ -127,16 +241,7 @@ pub fn read(file: &str, recursive: bool) -> Result<Vec<Unit>, InputError> {
     for (name, text) in &sources {
         documents(name.as_deref(), file, text, &mut units)?;
     }
-    if units.is_empty() {
-        return Err(InputError::NoObjects {
-            file: file.to_string(),
-        });
-    }
-    let among_others = from_dir || units.len() > 1;
-    for unit in &mut units {
-        unit.among_others |= among_others;
-    }
-    Ok(units)
+    Ok((units, from_dir))
 }
 
 /// The manifest files of `dir` in name order, with its subdirectories' (in their place in
@@ -385,5 +490,82 @@ metadata:
             read(dir.path().join("one.yaml").to_str().expect("utf-8"), false).expect("read");
         assert_eq!(places(&units), [("document 1", "a")]);
         assert!(!units[0].among_others);
+    }
+
+    #[test]
+    fn several_inputs_are_read_in_turn_each_place_naming_its_input() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let vm = |name: &str| {
+            format!(
+                "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {{name: {name}}}\n"
+            )
+        };
+        write(
+            dir.path(),
+            "b.yaml",
+            &format!("{}---\n{}", vm("b1"), vm("b2")),
+        );
+        write(dir.path(), "empty.yaml", "---\n");
+        std::fs::create_dir(dir.path().join("d")).expect("mkdir");
+        write(&dir.path().join("d"), "a.yaml", &vm("d1"));
+        let name = |n: &str| dir.path().join(n).to_str().expect("utf-8").to_owned();
+        let files = [name("b.yaml"), name("empty.yaml"), name("d")];
+        let units = read_all(&files, false).expect("read");
+        let b = name("b.yaml");
+        let d = name("d/a.yaml");
+        assert_eq!(
+            places(&units),
+            [
+                (format!("{b}: document 1").as_str(), "b1"),
+                (format!("{b}: document 2").as_str(), "b2"),
+                (format!("{d}: document 1").as_str(), "d1"),
+            ]
+        );
+        assert!(units.iter().all(|u| u.among_others));
+        // One input reads as it always did.
+        let one = read_all(&files[..1], false).expect("read");
+        assert_eq!(one[0].place, "document 1");
+        // None at all is said naming every input; standard input can be read once only.
+        let err = read_all(&[name("empty.yaml"), name("empty.yaml")], false).expect_err("empty");
+        assert!(matches!(err, InputError::NoObjects { .. }), "{err}");
+        assert!(err.to_string().contains(" -f "), "{err}");
+        let err = read_all(&["-".into(), b, "-".into()], false).expect_err("stdin twice");
+        assert!(matches!(err, InputError::StdinTwice), "{err}");
+    }
+
+    #[test]
+    fn the_dependency_order_puts_what_is_referred_to_first_and_keeps_each_class_in_order() {
+        let unit = |kind: &str, name: &str| Unit {
+            place: name.to_owned(),
+            among_others: true,
+            value: serde_json::json!({"kind": kind, "metadata": {"name": name}}),
+        };
+        let mut units = vec![
+            unit("VirtualMachineClone", "clone"),
+            unit("VirtualMachineRestore", "restore"),
+            unit("VirtualMachineSnapshot", "snap"),
+            unit("VirtualMachine", "vm1"),
+            unit("Frobnicator", "unknown"),
+            unit("VirtualMachineInstance", "vmi"),
+            unit("VirtualMachinePreference", "pref"),
+            unit("VirtualMachine", "vm2"),
+            unit("VirtualMachineClusterInstancetype", "cit"),
+            unit("KubeVirt", "kubevirt"),
+            unit("VirtualMachineInstancetype", "it"),
+            unit("VirtualMachineClusterPreference", "cpref"),
+        ];
+        units.push(Unit {
+            value: serde_json::json!({"metadata": {"name": "kindless"}}),
+            ..unit("", "kindless")
+        });
+        dependency_order(&mut units);
+        let order: Vec<&str> = units.iter().map(|u| u.place.as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "kubevirt", "pref", "cit", "it", "cpref", "vm1", "vmi", "vm2", "snap", "restore",
+                "clone", "unknown", "kindless",
+            ]
+        );
     }
 }

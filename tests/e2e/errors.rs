@@ -1012,3 +1012,125 @@ fn a_manifest_read_with_get_and_applied_again_is_refused_once_its_object_changed
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("configured"), "{out}");
 }
+
+/// The lifecycle commands (`vmplane start|stop|restart ...`) a hint at the end of `line`
+/// suggests, as written between backticks.
+fn suggested_lifecycle_commands(line: &str) -> Vec<Vec<String>> {
+    let hint = line.rsplit_once(" (").map_or("", |(_, hint)| hint);
+    hint.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|command| {
+            let words: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
+            let verb = words.get(1)?;
+            (words.first()? == "vmplane" && ["start", "stop", "restart"].contains(&verb.as_str()))
+                .then(|| words[1..].to_vec())
+        })
+        .collect()
+}
+
+/// Waits until VM `name`'s VMI in `ns` is Running.
+fn wait_running(vmplane: &Cli, ns: &str, name: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (code, out, _) = vmplane.run(&["get", "vmi", name, "-n", ns, "-o", "json"]);
+        if code == 0
+            && serde_json::from_str::<Value>(&out).is_ok_and(|v| v["status"]["phase"] == "Running")
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ns}/{name}'s VMI never ran"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_lifecycle_hint_never_suggests_a_command_the_run_strategy_refuses() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "errors-run-strategy";
+    for (name, strategy) in [
+        ("once2", "Once"),
+        ("manual2", "Manual"),
+        ("halted2", "Halted"),
+    ] {
+        let manifest = vm_manifest(
+            name,
+            &[("runStrategy: Manual", &format!("runStrategy: {strategy}"))],
+        );
+        let (code, _, err) = apply_stdin(&vmplane, &manifest, &["-n", ns]);
+        assert_eq!(code, 0, "{err}");
+    }
+    vmplane.ok(&["start", "manual2", "-n", ns]);
+    wait_running(&vmplane, ns, "once2");
+    wait_running(&vmplane, ns, "manual2");
+
+    // Each refusal, and what its hint suggests: nothing the server would refuse in turn.
+    let mut suggested = Vec::new();
+    for (verb, name, says) in [
+        ("start", "once2", "VM is already running"),
+        (
+            "restart",
+            "once2",
+            "Once does not support manual restart requests",
+        ),
+        ("start", "manual2", "VM is already running"),
+        ("stop", "halted2", "VM is not running"),
+        (
+            "restart",
+            "halted2",
+            "Halted does not support manual restart requests",
+        ),
+    ] {
+        let line = vmplane.fails(&[verb, name, "-n", ns]);
+        assert!(line.contains(says), "{verb} {name}: {line}");
+        assert!(
+            line.contains(&format!("`vmplane get vm {name} -n {ns}` shows its status")),
+            "{verb} {name}: {line}"
+        );
+        let commands = suggested_lifecycle_commands(&line);
+        if name == "once2" {
+            assert_eq!(commands, Vec::<Vec<String>>::new(), "{verb} {name}: {line}");
+        }
+        suggested.push((format!("{verb} {name}: {line}"), commands));
+    }
+    // Where a command helps, it is named: a running Manual VM restarts; a Halted one starts.
+    assert_eq!(
+        suggested[2].1,
+        [vec![
+            "restart".to_owned(),
+            "manual2".into(),
+            "-n".into(),
+            ns.into()
+        ]],
+        "{}",
+        suggested[2].0
+    );
+    assert_eq!(
+        suggested[3].1,
+        [vec![
+            "start".to_owned(),
+            "halted2".into(),
+            "-n".into(),
+            ns.into()
+        ]],
+        "{}",
+        suggested[3].0
+    );
+    let mut tried = std::collections::BTreeSet::new();
+    for (refusal, commands) in &suggested {
+        for command in commands {
+            if !tried.insert(command.clone()) {
+                continue;
+            }
+            let args: Vec<&str> = command.iter().map(String::as_str).collect();
+            let (code, out, err) = vmplane.run(&args);
+            assert_eq!(
+                code, 0,
+                "after {refusal}\n{command:?} was refused: {out}{err}"
+            );
+        }
+    }
+}

@@ -1,5 +1,7 @@
 //! End-to-end tests of the real `vmplane` binary. One module per area.
 
+mod apply_order;
+mod cli_audit;
 mod cold_updates;
 mod crash_restart;
 mod dr;
