@@ -618,6 +618,7 @@ impl<'a> Written<'a> {
             object: Some(self.view.shape(to_pb(view))),
             outcome: self.done.outcome.as_str().to_string(),
             position: self.done.position.0,
+            warnings: Vec::new(),
         }))
     }
 }
@@ -652,9 +653,27 @@ impl View {
     }
 }
 
-#[tonic::async_trait]
-impl pb::objects_server::Objects for Api {
-    async fn apply(
+/// Admission warnings of an accepted `Objects/Apply`: a KubeVirt CR's feature gates that are
+/// listed to no effect ([`vmplane_core::features::config_warnings`]). Only a manifest that
+/// names the kind is parsed again (the cluster configuration is rarely written).
+fn apply_warnings(manifest: &str) -> Vec<String> {
+    if !manifest.contains("KubeVirt") {
+        return Vec::new();
+    }
+    match parse_manifest(manifest.as_bytes()) {
+        Ok(vmplane_core::types::Manifest::Object(Kind::KubeVirt, o)) => {
+            vmplane_core::features::config_warnings(&o)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+impl Api {
+    /// `Objects/Apply` but for its warnings ([`apply_warnings`]).
+    async fn apply_unwarned(
         &self,
         request: Request<pb::ApplyRequest>,
     ) -> Result<Response<pb::ApplyResponse>, Status> {
@@ -830,6 +849,7 @@ impl pb::objects_server::Objects for Api {
                     object: Some(view.shape(shown)),
                     outcome: outcome.as_str().to_string(),
                     position: projections.position().0,
+                    warnings: Vec::new(),
                 }));
             }
             if let Some((sagas, m)) = saga {
@@ -846,6 +866,7 @@ impl pb::objects_server::Objects for Api {
                     object: Some(view.shape(to_pb(found.into_json()))),
                     outcome: driven.first.outcome.as_str().to_string(),
                     position: driven.position.0,
+                    warnings: Vec::new(),
                 }));
             }
             let (done, after) = commands
@@ -859,6 +880,19 @@ impl pb::objects_server::Objects for Api {
             self.wrote();
         }
         response
+    }
+}
+
+#[tonic::async_trait]
+impl pb::objects_server::Objects for Api {
+    async fn apply(
+        &self,
+        request: Request<pb::ApplyRequest>,
+    ) -> Result<Response<pb::ApplyResponse>, Status> {
+        let warnings = apply_warnings(&request.get_ref().manifest);
+        let mut response = self.apply_unwarned(request).await?;
+        response.get_mut().warnings = warnings;
+        Ok(response)
     }
 
     async fn get(
@@ -882,6 +916,7 @@ impl pb::objects_server::Objects for Api {
         let projections = self.projections.clone();
         let min = (r.min_position > 0).then_some(Position(r.min_position));
         blocking(move || {
+            refuse_voided(&projections, &object, at)?;
             // The object's JSON text straight from the projections (no JSON tree per read).
             let view = match at {
                 At::Current => projections.get_json(kind, &namespace, &name, min),
@@ -904,7 +939,8 @@ impl pb::objects_server::Objects for Api {
             })?;
             Ok(Response::new(pb::GetResponse {
                 object: Some(to_pb(view)),
-                read_position: projections.position().0,
+                // Never a position a point-in-time restore voided (a watch would refuse it).
+                read_position: projections.read_position().0,
             }))
         })
         .await
@@ -965,6 +1001,7 @@ impl pb::objects_server::Objects for Api {
         };
         let log = Arc::clone(&self.log);
         let limit = (r.limit > 0).then_some(r.limit as usize);
+        let listed = format!("list of {}", kind.as_str());
         blocking(move || {
             let at = match (token_at, past) {
                 (Some(at), _) => {
@@ -975,6 +1012,14 @@ impl pb::objects_server::Objects for Api {
                             at.0, head
                         )));
                     }
+                    // This server never gives a token at a voided position: one is the
+                    // original server's, read in a history this one does not have.
+                    refuse_voided_as(
+                        &projections,
+                        "continue_token: position",
+                        "continue_token",
+                        At::Position(at),
+                    )?;
                     Some(at)
                 }
                 (None, None) => None,
@@ -986,12 +1031,16 @@ impl pb::objects_server::Objects for Api {
                             p.0, head.0
                         )));
                     }
+                    refuse_voided(&projections, &listed, At::Position(p))?;
                     Some(p)
                 }
-                (None, Some(At::Time(t))) => Some(
-                    log.position_at(t)
-                        .map_err(|e| status::from_store("as_of", &e))?,
-                ),
+                (None, Some(At::Time(t))) => {
+                    refuse_voided(&projections, &listed, At::Time(t))?;
+                    Some(
+                        log.position_at(t)
+                            .map_err(|e| status::from_store("as_of", &e))?,
+                    )
+                }
                 (None, Some(_)) => None,
             };
             let page = vmplane_projections::ListPage {
@@ -1372,8 +1421,10 @@ impl pb::history_server::History for Api {
                 until,
                 records_max: limit,
             };
+            // With one entry per point-in-time restore's cut (see `audit_with_voided` for who
+            // sees it and why).
             let audit = projections
-                .audit(&query)
+                .audit_with_voided(&query)
                 .map_err(|e| from_projection("audit", e))?;
             let mut records = audit.records;
             for a in records
@@ -1423,35 +1474,66 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + S
 /// A watch resumes after `from`; refused (`INVALID_ARGUMENT`) when the log's head does not reach
 /// `from` within [`WATCH_AHEAD_WAIT`], and (`FAILED_PRECONDITION`, Kubernetes' "410 Gone") when a
 /// point-in-time restore voided that position: the client saw an event the restored history does
-/// not have, so it must re-list (see [`crate::dr`], "Positions never go backwards"). The
-/// message names the restore and the cut only, not what stood there (another namespace's).
-fn check_from_position(log: &dyn EventLog, from: u64) -> Result<(), Status> {
+/// not have, so it must re-list (see [`crate::dr`], "Positions never go backwards"). This
+/// server never hands out a voided position itself (a list reads at the last position before
+/// them, [`Projections::live_position`]), so a voided one always comes from the original server.
+/// The message names the restore, the cut and the range only, not what stood there (another
+/// namespace's).
+fn check_from_position(
+    log: &dyn EventLog,
+    projections: &Projections,
+    from: u64,
+) -> Result<(), Status> {
     if from == 0 {
         return Ok(());
     }
     refuse_position_past_head(log, from, WATCH_AHEAD_WAIT)?;
-    let event = log
-        .read_event(Position(from))
-        .map_err(|e| status::from_store("watch", &e))?;
-    let Some(event) = event else {
-        return Ok(());
+    refuse_voided_as(
+        projections,
+        "watch from position",
+        "watch from",
+        At::Position(Position(from)),
+    )
+}
+
+/// Refuses a read at `at` (`FAILED_PRECONDITION`, as a watch from the position is refused, in the
+/// same words) when a point-in-time restore voided that position, or rewrote that instant: from
+/// when the original server recorded the first voided event up to the restore, the restored
+/// log would answer with the state at the cut, which is not what was served then
+/// ([`vmplane_projections::projections::VoidedRange::rewrote`]). `what` names what was asked
+/// (an object, a list): the message names `WHAT: at.position P` or `WHAT: as of T`. Other points
+/// pass.
+fn refuse_voided(projections: &Projections, what: &str, at: At) -> Result<(), Status> {
+    refuse_voided_as(
+        projections,
+        &format!("{what}: at.position"),
+        &format!("{what}: as of"),
+        at,
+    )
+}
+
+/// [`refuse_voided`] with the field named as given: `position_field P`, `time_field T`.
+fn refuse_voided_as(
+    projections: &Projections,
+    position_field: &str,
+    time_field: &str,
+    at: At,
+) -> Result<(), Status> {
+    let gone = match at {
+        At::Position(p) => projections
+            .voided_at(p)
+            .map_err(|e| from_projection(position_field, e))?
+            .map(|r| r.position_gone(position_field, p.0)),
+        At::Time(t) => projections
+            .rewritten_at(t)
+            .map_err(|e| from_projection(time_field, e))?
+            .map(|r| r.time_gone(time_field, &vmplane_projections::model::rfc3339_nanos(t.0))),
+        At::Current | At::Revision(_) => None,
     };
-    if event.event_type != "LogPositionVoided" {
-        return Ok(());
+    match gone {
+        Some(message) => Err(Status::failed_precondition(message)),
+        None => Ok(()),
     }
-    let decoded = vmplane_core::decode(&event.event_type, event.schema_version, &event.payload)
-        .map_err(|e| Status::internal(format!("watch: position {from}: {e}")))?;
-    let vmplane_core::Event::LogPositionVoided(void) = decoded else {
-        return Err(Status::internal(format!(
-            "watch: position {from}: a LogPositionVoided envelope holds another event"
-        )));
-    };
-    Err(Status::failed_precondition(format!(
-        "watch from position {from}: that position is gone: the point-in-time restore {} cut \
-         the log at position {} and voided the positions after it; re-list, then watch from \
-         the list's resourceVersion",
-        void.restore_epoch, void.cut_position
-    )))
 }
 
 /// How long a watch from a position past the log's head waits for the head to reach it (a
@@ -1510,7 +1592,9 @@ async fn deliver(
     tx: tokio::sync::mpsc::Sender<Result<pb::WatchEvent, Status>>,
     mut d: Delivery,
 ) {
-    let mut delivered = watch.position().0;
+    // What the watch is told to resume from if it ends before delivering anything: never a
+    // voided position (a watch from one is refused).
+    let mut delivered = d.projections.live_position(watch.position()).0;
     loop {
         if d.stopping.load(Ordering::Acquire) {
             let _ = tx
@@ -1672,10 +1756,22 @@ impl pb::watch_server::Watch for Api {
         let after = match r.from_position {
             Some(p) => {
                 let log = Arc::clone(&self.log);
-                blocking(move || check_from_position(log.as_ref(), p)).await?;
+                let projections = self.projections.clone();
+                blocking(move || check_from_position(log.as_ref(), &projections, p)).await?;
                 Position(p)
             }
             None => self.log.head(),
+        };
+        // The cuts of point-in-time restores this watch will cross: no event is delivered for
+        // their positions (they hold no object's change), so the jump is said here, once.
+        let crossing = {
+            let projections = self.projections.clone();
+            blocking(move || {
+                projections
+                    .voided_after(after)
+                    .map_err(|e| from_projection("watch", e))
+            })
+            .await?
         };
         let watch = self
             .projections
@@ -1692,10 +1788,41 @@ impl pb::watch_server::Watch for Api {
                 stopping: Arc::clone(&self.stopping),
             },
         ));
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        let mut response: Response<WatchStream> =
+            Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)));
+        if let Some(notice) = voided_notice(&crossing) {
+            response
+                .metadata_mut()
+                .insert(VOIDED_POSITIONS_METADATA, notice);
+        }
+        Ok(response)
     }
+}
+
+/// The metadata of a watch's response naming the positions point-in-time restores voided that
+/// the watch will pass: `F..=L (restore EPOCH cut at C)`, `; `-separated. A watch delivers no
+/// event for them (see [`vmplane_projections::watch`]); this says why its positions jump there.
+pub const VOIDED_POSITIONS_METADATA: &str = "vmplane-voided-positions";
+
+/// [`VOIDED_POSITIONS_METADATA`]'s value for `ranges` (`None` for none).
+fn voided_notice(
+    ranges: &[vmplane_projections::projections::VoidedRange],
+) -> Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> {
+    if ranges.is_empty() {
+        return None;
+    }
+    let text = ranges
+        .iter()
+        .map(|r| {
+            format!(
+                "{}..={} (restore {} cut at {})",
+                r.first, r.last, r.epoch, r.cut
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    // Digits, a UUID and ASCII words: always a valid value; were it not, no notice.
+    text.parse().ok()
 }
 
 #[tonic::async_trait]

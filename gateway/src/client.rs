@@ -524,6 +524,14 @@ pub async fn apply(
             Ok(r) => {
                 let r = r.into_inner();
                 let obj = r.object.unwrap_or_default();
+                // kubectl's habit: admission warnings on stderr, the exit status unchanged.
+                for warning in &r.warnings {
+                    eprintln!(
+                        "Warning: {}/{}: {warning}",
+                        print::short_kind(&obj.kind),
+                        obj.name
+                    );
+                }
                 if a.dry_run && r.outcome == "created" {
                     would_create.add(&unit, &g.namespace);
                 }

@@ -16,8 +16,10 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 
 /// Bumped whenever the persisted form of any projection changes: older checkpoints are then
-/// thrown away and the projection rebuilds.
-pub const CHECKPOINT_FORMAT_VERSION: u32 = 3;
+/// thrown away and the projection rebuilds. 4: the read model keeps the positions
+/// point-in-time restores voided (a checkpoint of 3 lacks them, and would serve a restored log
+/// as if nothing had been voided).
+pub const CHECKPOINT_FORMAT_VERSION: u32 = 4;
 
 /// The directory under the data dir where projections keep their checkpoints.
 pub const CHECKPOINT_DIR: &str = "projections";

@@ -20,7 +20,10 @@ use vmplane_store::{EventLog, Position, Timestamp};
 use crate::cache::{CacheOptions, Evicted, StateCache};
 use crate::checkpoint;
 use crate::error::{Error, Result};
+use crate::history::{Audit, AuditQuery, AuditRecord};
+use crate::model::rfc3339_nanos;
 use crate::model::{AggState, Snapshot, stream_of};
+pub use crate::readmodel::VoidedRange;
 use crate::readmodel::{ModelData, NameKey, PersistedSnapshot, ReadModel};
 use crate::render::{ObjectJson, ObjectView, render, render_json, render_once_json};
 
@@ -350,6 +353,123 @@ impl Projections {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .applied()
+    }
+
+    /// The position a reader of the read model now is told it read at: [`Projections::position`],
+    /// or, when a point-in-time restore voided it, the last position before the voided ones
+    /// (see [`Projections::live_position`]).
+    #[must_use]
+    pub fn read_position(&self) -> Position {
+        let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+        Position(model.live_at(model.applied().0))
+    }
+
+    /// The last position at or before `position` that no point-in-time restore voided (as far
+    /// as the read model has applied the log). The log reads the same there: void events
+    /// belong to no object. A position the server hands out to be read at or watched from
+    /// again (a list's, a watch's place) goes through this, so that it is never a voided one:
+    /// the original server handed those out too, for events the restored history does not
+    /// have, and a watch from one is refused, since the client holding it cannot be told from
+    /// one of the original server's (see [`VoidedRange`]).
+    #[must_use]
+    pub fn live_position(&self, position: Position) -> Position {
+        let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+        Position(model.live_at(position.0))
+    }
+
+    /// The positions point-in-time restores voided, in log order (after catching up).
+    pub fn voided(&self) -> Result<Vec<VoidedRange>> {
+        self.catch_up()?;
+        Ok(self
+            .model
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .voided()
+            .to_vec())
+    }
+
+    /// The voided range holding `position`, if a point-in-time restore voided it (catching up
+    /// first when the read model has not applied `position` yet).
+    pub fn voided_at(&self, position: Position) -> Result<Option<VoidedRange>> {
+        if self.position() < position {
+            self.catch_up()?;
+        }
+        let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+        Ok(model.voided_at(position.0).cloned())
+    }
+
+    /// The voided range whose restore rewrote what the log says of instant `at` (see
+    /// [`VoidedRange::rewrote`]), if any.
+    pub fn rewritten_at(&self, at: Timestamp) -> Result<Option<VoidedRange>> {
+        self.catch_up()?;
+        let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+        Ok(model.voided().iter().find(|r| r.rewrote(at.0)).cloned())
+    }
+
+    /// The voided ranges a watch from `after` would cross (those ending after it), in log
+    /// order.
+    pub fn voided_after(&self, after: Position) -> Result<Vec<VoidedRange>> {
+        self.catch_up()?;
+        let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
+        Ok(model
+            .voided()
+            .iter()
+            .filter(|r| r.last > after.0)
+            .cloned()
+            .collect())
+    }
+
+    /// [`Projections::audit`] with the cuts of point-in-time restores: one entry per voided
+    /// range (not one per position), at its first position, by the void events' actor
+    /// (`system:restore`), when they were recorded, event `LogPositionVoided`, named after the
+    /// void events' stream (`system/restore/<epoch>`), with a summary saying which positions
+    /// the restore voided, where it cut and when the original server had recorded them.
+    ///
+    /// A cut rewrites every namespace's history at once, so it belongs to no namespace and is
+    /// in every audit its other filters admit: of all namespaces or one, by any principal
+    /// that may read that audit. It names no object, namespace or actor of the voided events
+    /// (those may be another namespace's), only positions, times and the restore. A `kind`
+    /// filter leaves it out (it is about no kind), an `actor` filter keeps it only for its
+    /// actor, and `since`/`until` take the time it was recorded. `records_max` counts it like
+    /// any entry: the newest entries are kept, the rest counted in `older`.
+    pub fn audit_with_voided(&self, query: &AuditQuery) -> Result<Audit> {
+        let mut audit = self.audit(query)?;
+        let cuts: Vec<AuditRecord> = self
+            .voided()?
+            .into_iter()
+            .filter(|r| {
+                query.kind.is_none()
+                    && query.actor.as_deref().is_none_or(|a| a == r.actor)
+                    && query.since.is_none_or(|s| r.recorded_at_ns >= s.0)
+                    && query.until.is_none_or(|u| r.recorded_at_ns <= u.0)
+            })
+            .map(|r| AuditRecord {
+                position: r.first,
+                time: rfc3339_nanos(r.recorded_at_ns),
+                actor: r.actor.clone(),
+                namespace: String::new(),
+                kind: String::new(),
+                name: r.stream(),
+                event: "LogPositionVoided".into(),
+                summary: r.summary(),
+            })
+            .collect();
+        if cuts.is_empty() {
+            return Ok(audit);
+        }
+        let mut records = std::mem::take(&mut audit.records);
+        records.extend(cuts);
+        records.sort_by_key(|r| r.position);
+        let records_max = if query.records_max == 0 {
+            usize::MAX
+        } else {
+            query.records_max
+        };
+        let older = records.len().saturating_sub(records_max);
+        records.drain(..older);
+        audit.records = records;
+        audit.older += older as u64;
+        Ok(audit)
     }
 
     /// Applies every event up to the log's head; returns the position reached. Writes a
@@ -1009,8 +1129,11 @@ impl Projections {
             .map(|(ns, name)| (ns.as_str(), name.as_str()));
         let (position, wanted, more) = {
             let model = self.model.read().unwrap_or_else(PoisonError::into_inner);
-            let position = page.at.unwrap_or(model.applied());
-            let now = position == model.applied();
+            // Read at a position a point-in-time restore voided, the list is told the last one
+            // before (the log reads the same there), so that a watch from it is accepted.
+            let live = Position(model.live_at(model.applied().0));
+            let position = Position(model.live_at(page.at.unwrap_or(model.applied()).0));
+            let now = position >= live;
             let mut wanted = Vec::new();
             let kinds: &[Kind] = if kind == Kind::VirtualMachineInstance {
                 &[Kind::VirtualMachineInstance, Kind::VirtualMachine]

@@ -21,7 +21,7 @@ use crate::cache::StateCache;
 use crate::chunked::ChunkedVec;
 use crate::error::{Error, Result};
 use crate::features::state_features;
-use crate::model::{AggState, decode, parse_stream};
+use crate::model::{AggState, decode, parse_stream, rfc3339_nanos};
 
 /// A captured instancetype or preference revision: `(kind, name, generation)`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -313,6 +313,138 @@ impl Ord for NameKey {
     }
 }
 
+/// Positions a point-in-time restore voided: a run of consecutive `LogPositionVoided` events
+/// of one restore (`vmplane admin restore --to-position` / `--to-time`, see the gateway's
+/// `dr` module), folded from the log like everything else the read model knows. Every position
+/// in `first..=last` stood for an event of the backed-up log that the restored history does not
+/// have: a position the original server handed out there names nothing the restored server can
+/// continue from, so watches and time travel refuse it, and lists never read at one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VoidedRange {
+    /// The first voided position (`cut + 1` for the range a restore made itself).
+    pub first: u64,
+    /// The last voided position (the backup's last one).
+    pub last: u64,
+    /// The restore that voided them (its epoch; the void events' stream is
+    /// `system/restore/<epoch>`).
+    pub epoch: Uuid,
+    /// The last position that restore kept.
+    pub cut: u64,
+    /// When the void events were recorded (ns since the epoch): the restore, or the cut's own
+    /// time when that was later.
+    pub recorded_at_ns: i64,
+    /// When the original server recorded the first voided event (ns since the epoch).
+    pub original_from_ns: i64,
+    /// When the original server recorded the last voided event (ns since the epoch).
+    pub original_to_ns: i64,
+    /// Who recorded the void events (`system:restore`).
+    pub actor: String,
+}
+
+impl VoidedRange {
+    /// Whether `position` is one of these.
+    #[must_use]
+    pub fn holds(&self, position: u64) -> bool {
+        (self.first..=self.last).contains(&position)
+    }
+
+    /// How many positions were voided.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.last - self.first + 1
+    }
+
+    /// Never: a range holds at least one position (for clippy's `len_without_is_empty`).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Whether the restore rewrote what the log says of instant `ns`: from the time the
+    /// original server recorded the first voided event to the time the restore recorded the
+    /// void events. In between, the original server had served the voided events (and
+    /// perhaps more after the backup), while the restored log says nothing happened after the
+    /// cut: an answer "as of" such an instant from the restored log would contradict what was
+    /// served then. Before it the two agree; from the restore on, the restored log is what was
+    /// served.
+    #[must_use]
+    pub fn rewrote(&self, ns: i64) -> bool {
+        self.original_from_ns <= ns && ns < self.recorded_at_ns
+    }
+
+    /// The stream of its void events.
+    #[must_use]
+    pub fn stream(&self) -> String {
+        format!("system/restore/{}", self.epoch)
+    }
+
+    /// Why `field` `position`, one of these, is refused (by a watch from it, a read at it, a
+    /// list page of a token carrying it): the same words everywhere, naming the restore, the
+    /// cut and the range only, never what stood there (another namespace's, perhaps).
+    #[must_use]
+    pub fn position_gone(&self, field: &str, position: u64) -> String {
+        format!(
+            "{field} {position}: that position is gone: the point-in-time restore {} cut the \
+             log at position {} and voided positions {}..={} (the events the original server \
+             recorded there are not part of this history); re-list, then watch from the \
+             list's resourceVersion",
+            self.epoch, self.cut, self.first, self.last
+        )
+    }
+
+    /// When the original server recorded the voided events: `at T`, or `from T1 to T2`.
+    fn recorded_span(&self) -> String {
+        let (from, to) = (
+            rfc3339_nanos(self.original_from_ns),
+            rfc3339_nanos(self.original_to_ns),
+        );
+        if from == to {
+            format!("at {from}")
+        } else {
+            format!("from {from} to {to}")
+        }
+    }
+
+    /// Why `field` `at` (the instant's RFC 3339 text), an instant these rewrote (see
+    /// [`VoidedRange::rewrote`]), is refused by a read as of it.
+    #[must_use]
+    pub fn time_gone(&self, field: &str, at: &str) -> String {
+        let (from, restored) = (
+            rfc3339_nanos(self.original_from_ns),
+            rfc3339_nanos(self.recorded_at_ns),
+        );
+        format!(
+            "{field} {at}: that time is gone: the point-in-time restore {} cut the log at \
+             position {} and voided positions {}..={}, which the original server recorded {}; \
+             the restored history does not hold the state served from then to the restore at \
+             {restored}: ask as of before {from} (the state at the cut) or from {restored} on",
+            self.epoch,
+            self.cut,
+            self.first,
+            self.last,
+            self.recorded_span(),
+        )
+    }
+
+    /// The one-line summary of its audit entry: what was voided, by which restore, why.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let n = self.len();
+        format!(
+            "point-in-time restore {} cut the log at position {}: positions {}..={} voided \
+             ({n} event{} the original server recorded {}, undone; the restored history goes on \
+             after position {}); watches and reads at them are refused",
+            self.epoch,
+            self.cut,
+            self.first,
+            self.last,
+            if n == 1 { "" } else { "s" },
+            self.recorded_span(),
+            self.last,
+        )
+    }
+}
+
 /// The persisted part of the read model (its checkpoint body).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ModelData {
@@ -321,6 +453,9 @@ pub(crate) struct ModelData {
     /// if the log has that very event there.
     pub applied_hash: String,
     pub entries: ChunkedVec<Entry>,
+    /// The positions point-in-time restores voided, in log order (few: one per restore that
+    /// cut a log, or two when a later cut falls inside an earlier one's range).
+    pub voided: Vec<VoidedRange>,
 }
 
 /// [`ModelData`] borrowed from a live model, for writing a checkpoint without copying it
@@ -330,6 +465,7 @@ pub(crate) struct PersistedRef<'a> {
     pub applied: u64,
     pub applied_hash: String,
     pub entries: &'a ChunkedVec<Entry>,
+    pub voided: &'a [VoidedRange],
 }
 
 /// A checkpoint's content taken from the model (see [`ReadModel::persisted_snapshot`]).
@@ -337,6 +473,7 @@ pub(crate) struct PersistedSnapshot {
     applied: u64,
     applied_hash: [u8; 32],
     entries: ChunkedVec<Entry>,
+    voided: Vec<VoidedRange>,
 }
 
 impl PersistedSnapshot {
@@ -361,6 +498,7 @@ impl PersistedSnapshot {
             applied: self.applied,
             applied_hash: hex::encode(self.applied_hash),
             entries: &self.entries,
+            voided: &self.voided,
         }
     }
 }
@@ -474,6 +612,11 @@ impl ReadModel {
             Some(idx) => idx,
             None => {
                 let Some(parsed) = parse_stream(event.stream) else {
+                    // Streams of no object: a point-in-time restore's void events are kept as
+                    // ranges; any other is counted and skipped.
+                    if event.event_type == "LogPositionVoided" {
+                        self.void(event)?;
+                    }
                     return Ok(());
                 };
                 let idx = u32::try_from(self.data.entries.len()).map_err(|_| Error::Invalid {
@@ -564,6 +707,61 @@ impl ReadModel {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Folds a `LogPositionVoided` event into [`ModelData::voided`]: it extends the last range
+    /// when it follows it and comes from the same restore, else it starts a range.
+    fn void(&mut self, event: &RecordedEventRef<'_>) -> Result<()> {
+        let Event::LogPositionVoided(void) = decode(event)? else {
+            return Err(Error::Corrupt {
+                position: event.position,
+                reason: "a LogPositionVoided envelope holds another event".into(),
+            });
+        };
+        let position = event.position.0;
+        let original_ns = void.original_recorded_at_unix_nanos;
+        if let Some(last) = self.data.voided.last_mut()
+            && last.epoch == void.restore_epoch
+            && last.last + 1 == position
+        {
+            last.last = position;
+            last.original_to_ns = last.original_to_ns.max(original_ns);
+            last.recorded_at_ns = last.recorded_at_ns.max(event.recorded_at.0);
+            return Ok(());
+        }
+        self.data.voided.push(VoidedRange {
+            first: position,
+            last: position,
+            epoch: void.restore_epoch,
+            cut: void.cut_position,
+            recorded_at_ns: event.recorded_at.0,
+            original_from_ns: original_ns,
+            original_to_ns: original_ns,
+            actor: event.actor.to_owned(),
+        });
+        Ok(())
+    }
+
+    /// The positions point-in-time restores voided, in log order.
+    pub fn voided(&self) -> &[VoidedRange] {
+        &self.data.voided
+    }
+
+    /// The voided range holding `position`, if one does.
+    pub fn voided_at(&self, position: u64) -> Option<&VoidedRange> {
+        let i = self.data.voided.partition_point(|r| r.last < position);
+        self.data.voided.get(i).filter(|r| r.holds(position))
+    }
+
+    /// The last position at or before `position` that no restore voided (0 if none): what the
+    /// log reads the same at, and what a reader at `position` is told it read at.
+    pub fn live_at(&self, position: u64) -> u64 {
+        let mut p = position;
+        // Ranges may touch (a later cut inside an earlier range): step back over each.
+        while let Some(range) = self.voided_at(p) {
+            p = range.first - 1;
+        }
+        p
     }
 
     /// Adds the names of the entries the fold made to `by_name`. The fold's caller calls it
@@ -705,6 +903,7 @@ impl ReadModel {
             applied: self.data.applied,
             applied_hash,
             entries: self.data.entries.clone(),
+            voided: self.data.voided.clone(),
         }
     }
 
@@ -752,6 +951,13 @@ impl ReadModel {
                 .into_iter()
                 .filter_map(|e| serde_json::to_string(e).ok()),
         );
+        out.extend(
+            self.data
+                .voided
+                .iter()
+                .filter_map(|r| serde_json::to_string(r).ok())
+                .map(|r| format!("voided {r}")),
+        );
         out
     }
 
@@ -766,6 +972,14 @@ impl ReadModel {
         for entry in order {
             // Entries serialize deterministically (plain structs, sorted lists).
             if let Ok(bytes) = serde_json::to_vec(entry) {
+                hasher.update((bytes.len() as u64).to_be_bytes());
+                hasher.update(&bytes);
+            }
+        }
+        // A log without voided positions keeps the digest it always had.
+        for range in &self.data.voided {
+            if let Ok(bytes) = serde_json::to_vec(range) {
+                hasher.update(b"voided");
                 hasher.update((bytes.len() as u64).to_be_bytes());
                 hasher.update(&bytes);
             }

@@ -1,5 +1,20 @@
 //! Watch: the changes to a kind (and namespace) from a position on, with no gap and no repeat
 //! — the Kubernetes list-and-watch contract with the global position as resourceVersion.
+//!
+//! # Across a point-in-time restore's cut
+//!
+//! A point-in-time restore fills the positions it cut with `LogPositionVoided` events on a
+//! system stream ([`crate::projections::VoidedRange`]). They belong to no object, so no watch
+//! delivers them: a watch from before the cut delivers the events up to the cut, then the
+//! restored server's own from the first position after the voided ones (position numbers jump;
+//! no change of any object lies in between, since the restored history has none there). That
+//! jump is no loss: the client never saw the voided events if it started before the cut, and
+//! the restored history holds nothing there to see. It is not silent either: the gateway tells a
+//! watch that will cross a cut so when it opens (its response's `vmplane-voided-positions`
+//! metadata), and `audit` shows each cut as one entry. A watch *from* a voided position is
+//! refused by the gateway (the client saw an event the restored history does not have: it must
+//! re-list), and the positions the server hands out to continue from (a list's resourceVersion,
+//! the place a watch reached) are never voided ones ([`crate::Projections::live_position`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -91,6 +106,9 @@ impl Watch {
     }
 
     /// The last position looked at: resuming a new watch from it neither skips nor repeats.
+    /// It may be a position a point-in-time restore voided (the watch read the void events
+    /// there): told to a client, it goes through [`crate::Projections::live_position`] first,
+    /// which reads the same and which a watch from accepts.
     #[must_use]
     pub fn position(&self) -> Position {
         self.subscription.position()

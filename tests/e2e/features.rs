@@ -163,7 +163,28 @@ fn a_cluster_config_listing_unknown_and_discontinued_gates_applies_unchanged() {
     let server = Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
     let cli = Cli::new(&server);
     let yaml = "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata:\n  name: kubevirt\n  namespace: kubevirt\nspec:\n  configuration:\n    developerConfiguration:\n      featureGates: [DownwardMetrics, NoSuchGate, Macvtap]\n      disabledFeatureGates: [Passt, NoLongerAGate]\n";
-    apply(&cli, yaml);
+    // Accepted, and told why each ignored name has no effect, as kubectl prints admission
+    // warnings: on stderr, exit status 0.
+    let (code, out, err) = cli.run_with_stdin(&["apply", "-f", "-"], yaml);
+    assert_eq!(code, 0, "apply failed\nstdout: {out}\nstderr: {err}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("Warning: ")).collect();
+    for (entry, words) in [
+        ("featureGates[1]", "unknown feature gate \"NoSuchGate\""),
+        ("featureGates[2]", "Macvtap is discontinued"),
+        (
+            "disabledFeatureGates[1]",
+            "unknown feature gate \"NoLongerAGate\"",
+        ),
+    ] {
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with("Warning: kubevirt/kubevirt: ")
+                    && w.contains(entry)
+                    && w.contains(words)),
+            "no warning for {entry}: {err}"
+        );
+    }
     let stored: Value =
         serde_json::from_str(&cli.ok(&["get", "kubevirt", "kubevirt", "-o", "json"]))
             .expect("KubeVirt JSON");

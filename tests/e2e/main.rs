@@ -22,6 +22,7 @@ mod snapshots;
 mod tls;
 mod views;
 mod wait;
+mod voided;
 mod walkthrough;
 mod watch;
 
