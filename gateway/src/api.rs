@@ -1875,7 +1875,7 @@ impl pb::cluster_server::Cluster for Api {
                 .collect();
             Ok(Response::new(pb::FeaturesResponse {
                 features,
-                read_position: projections.position().0,
+                read_position: projections.read_position().0,
             }))
         })
         .await
@@ -1916,7 +1916,7 @@ impl pb::cluster_server::Cluster for Api {
             Ok(Response::new(pb::FeatureUsageResponse {
                 users,
                 enabled,
-                read_position: projections.position().0,
+                read_position: projections.read_position().0,
             }))
         })
         .await

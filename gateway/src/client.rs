@@ -1723,7 +1723,7 @@ pub async fn audit(c: &mut Clients, g: &GlobalArgs, a: &AuditArgs) -> anyhow::Re
 
 /// `watch`: prints events until the server ends the stream or the user interrupts.
 pub async fn watch(c: &mut Clients, g: &GlobalArgs, a: &WatchArgs) -> anyhow::Result<()> {
-    let mut stream = c
+    let stream = c
         .watch
         .watch(pb::WatchRequest {
             kind: a.kind.clone().unwrap_or_default(),
@@ -1732,8 +1732,19 @@ pub async fn watch(c: &mut Clients, g: &GlobalArgs, a: &WatchArgs) -> anyhow::Re
             from_position: a.from_position,
         })
         .await
-        .map_err(status_error)?
-        .into_inner();
+        .map_err(status_error)?;
+    // A point-in-time restore voided positions this watch will pass: said once, on stderr.
+    if let Some(voided) = stream
+        .metadata()
+        .get(crate::api::VOIDED_POSITIONS_METADATA)
+        .and_then(|v| v.to_str().ok())
+    {
+        eprintln!(
+            "vmplane: note: positions {voided} were voided by a point-in-time restore: \
+             the watch passes over them"
+        );
+    }
+    let mut stream = stream.into_inner();
     let mut out = std::io::stdout().lock();
     let mut table = print::WatchTable::default();
     while let Some(ev) = stream.message().await.map_err(status_error)? {

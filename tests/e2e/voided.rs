@@ -451,5 +451,16 @@ fn the_cut_is_one_audit_entry_every_reader_sees_and_a_watch_across_it_is_told() 
         }
     }
     drop(rt);
+    // The CLI says so on stderr, once, before the events.
+    let mut watch = vera.spawn(&["watch", "-A", "--from-position", &o.cut.to_string()]);
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = watch.kill();
+    let output = watch.wait_with_output().expect("watch output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("positions {}..={}", o.cut + 1, o.last))
+            && stderr.contains("voided by a point-in-time restore"),
+        "{stderr}"
+    );
     server.terminate(Duration::from_secs(20));
 }
