@@ -516,8 +516,9 @@ pub enum AdminCommand {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Offline: build a NEW data directory from a backup (refuses an existing one, one another
-    /// restore is building, or a damaged backup).
+    /// Offline: build a new data directory from a backup, or fill an existing empty one (a
+    /// mount point); refuses a non-empty one, one another restore is building, a damaged
+    /// backup, and a --to-position inside one commit.
     #[command(
         after_help = "Examples:\n  vmplane admin restore --from cp1.backup --data ./restored\n  vmplane admin restore --from cp1.backup --data ./before-the-mistake --to-time 2026-11-22T14:05:00Z\n  vmplane admin restore --from cp1.backup --data ./at-1200 --to-position 1200\n  vmplane admin restore --from cp1.backup --data ./as-file --backend file\nThen serve it with the same backend: vmplane serve --data ./restored (or --data ./as-file --backend file)"
     )]
@@ -525,7 +526,7 @@ pub enum AdminCommand {
         /// The backup file.
         #[arg(long)]
         from: PathBuf,
-        /// The data directory to create (must not exist).
+        /// The data directory to create (absent, or an empty directory).
         #[arg(long)]
         data: PathBuf,
         /// Keep events up to this position only.

@@ -31,11 +31,27 @@
 //!
 //! # Restore
 //!
-//! `admin restore --from FILE --data DIR` builds a new data directory, one restore at a time per
-//! directory: it takes an advisory lock ([`RestoreLock`], `.DIR.restore-lock` beside `DIR`,
-//! released by the kernel however the process ends), refuses a `DIR` that exists, builds
-//! `DIR.tmp-<uuid>` and renames it to `DIR` only when complete; a failure removes it, and a
-//! later restore removes the staging directories of one that crashed.
+//! `admin restore --from FILE --data DIR` builds a new data directory, or fills an existing
+//! empty one (an empty mount point, say: semantics §7, "restore into an empty data
+//! directory"), one restore at a time per directory: it takes an advisory lock
+//! ([`RestoreLock`], `.DIR.restore-lock` beside `DIR`, released by the kernel however the
+//! process ends) and refuses a `DIR` that holds anything, naming what is in it. A new `DIR` is
+//! built as `DIR.tmp-<uuid>` beside it and renamed to `DIR` only when complete. An empty `DIR`
+//! is built in `DIR/.vmplane-restore-<uuid>` (inside, so on the file system of a mount point's
+//! contents), then its entries are moved in, the log's own file (`db` or `events.vpl`) last,
+//! with their names recorded first in `DIR/.vmplane-restore-moving`; a failure moves back
+//! what was moved. Either way a failure removes the staging directory and leaves `DIR` as it
+//! was, and a later restore removes what one that crashed left (staging directories beside or
+//! inside `DIR`, and the entries a crash in the middle of the moves left, as recorded, while
+//! the log's own file is not there yet).
+//!
+//! A restore keeps each commit whole. The backup records no commit boundaries, but the events
+//! of one append share their stream and the instant their group commit was recorded at, at
+//! consecutive positions and revisions: `--to-position P` inside such a run is refused, naming
+//! the run's first and last positions and both boundaries to use instead (two appends of one
+//! stream in one group commit cannot be told apart from one: a cut between them is refused
+//! too). `--to-time T` keeps the events recorded at or before `T`, and a commit's events share
+//! one instant, so it never splits one.
 //!
 //! The events are imported with the store's bulk importer
 //! ([`vmplane_store::sled_log::Importer`]): each envelope keeps its position, revision, id,
@@ -67,11 +83,24 @@
 //! (Positions a server handed out after the backup was taken are beyond what a restore can
 //! know: a client that watched past the backup's last position must re-list when
 //! `restore_epoch` changes.)
+//!
+//! # Verify
+//!
+//! `admin verify --data DIR` checks and never repairs: it writes nothing to `DIR` (see
+//! [`verify`]: a file log is opened read-only, a sled log on a copy of its files, since opening
+//! sled writes to its directory). It reports, and exits non-zero on, a damaged log (the first
+//! bad position), a file log's torn or damaged last record (where it starts, its bytes, the
+//! positions it would hold, and that `serve` would cut it off), and a projection checkpoint
+//! `serve` would discard (why, as `serve` says it). A missing checkpoint is not damage (a
+//! cache not written yet: a server killed before its first checkpoint leaves none, and `serve`
+//! rebuilds it): the `ok` line says there is none. On a terminal, each long phase shows its
+//! progress on stderr (copying sled's files, opening the log, the walk of the chain, loading and
+//! rebuilding the projections); on a pipe, nothing but the result.
 
 use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, anyhow, bail};
@@ -79,6 +108,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 use vmplane_core::Event;
+use vmplane_projections::projections::READ_MODEL;
 use vmplane_store::hash::{GENESIS_PREV_HASH, event_hash};
 use vmplane_store::sled_log::ImportOptions;
 use vmplane_store::{
@@ -335,10 +365,12 @@ fn check_link(prev: (u64, [u8; 32]), event: &RecordedEvent) -> anyhow::Result<()
     Ok(())
 }
 
-/// Writes a backup file: `FILE.tmp`, fsynced, renamed to `FILE`, directory fsynced.
+/// Writes a backup file: `FILE.tmp`, fsynced, renamed to `FILE`, directory fsynced. Dropped
+/// unfinished (an error, a server gone in the middle of the backup), it removes `FILE.tmp`:
+/// `FILE` is only ever a whole backup.
 pub struct BackupWriter {
     path: PathBuf,
-    tmp: PathBuf,
+    tmp: RemovedUnlessKept,
     out: BufWriter<File>,
     sha: Sha256,
     scratch: Vec<u8>,
@@ -358,7 +390,7 @@ impl BackupWriter {
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut w = BackupWriter {
             path: path.to_path_buf(),
-            tmp,
+            tmp: RemovedUnlessKept(Some(tmp)),
             out: BufWriter::with_capacity(1 << 20, file),
             sha: Sha256::new(),
             scratch: Vec::new(),
@@ -401,10 +433,16 @@ impl BackupWriter {
         Ok(())
     }
 
-    /// Writes the trailer, syncs and renames. Refuses if the count differs from the header's.
+    /// Events written so far.
+    #[must_use]
+    pub fn events(&self) -> u64 {
+        self.written
+    }
+
+    /// Writes the trailer, syncs and renames. Refuses if the count differs from the header's
+    /// (and removes `FILE.tmp`).
     pub fn finish(mut self) -> anyhow::Result<u64> {
         if self.written != self.header.event_count || self.last.0 != self.header.last_position {
-            let _ = fs::remove_file(&self.tmp);
             bail!(
                 "the backup ended at position {} after {} events; expected {} events up to {}",
                 self.last.0,
@@ -422,10 +460,41 @@ impl BackupWriter {
         let file = self.out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all().context("fsync of the backup")?;
         drop(file);
-        fs::rename(&self.tmp, &self.path)
+        let tmp = self.tmp.path();
+        fs::rename(&tmp, &self.path)
             .with_context(|| format!("renaming to {}", self.path.display()))?;
+        self.tmp.keep();
         sync_parent(&self.path);
         Ok(self.bytes)
+    }
+}
+
+/// A path removed (a file, or a directory with everything in it) when this is dropped, unless
+/// [`keep`](Self::keep) was called: a backup's `FILE.tmp`, verify's scratch copy of a sled log.
+struct RemovedUnlessKept(Option<PathBuf>);
+
+impl RemovedUnlessKept {
+    fn path(&self) -> PathBuf {
+        self.0.clone().unwrap_or_default()
+    }
+
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemovedUnlessKept {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let removed = match fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_dir() => fs::remove_dir_all(&path),
+                Ok(_) => fs::remove_file(&path),
+                Err(_) => Ok(()),
+            };
+            if let Err(err) = removed {
+                tracing::warn!(path = %path.display(), %err, "could not remove a temporary file");
+            }
+        }
     }
 }
 
@@ -455,14 +524,12 @@ pub fn read_backup(
     path: &Path,
     mut visit: impl FnMut(&RecordedEvent) -> anyhow::Result<()>,
 ) -> anyhow::Result<FileSummary> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = open_backup(path)?;
     let mut input = BufReader::with_capacity(1 << 20, file);
     let mut sha = Sha256::new();
     let mut bytes = 0u64;
     let mut read = |buf: &mut [u8], sha: &mut Sha256| -> anyhow::Result<()> {
-        input
-            .read_exact(buf)
-            .context("the backup file is truncated")?;
+        input.read_exact(buf).map_err(read_error)?;
         sha.update(&*buf);
         bytes += buf.len() as u64;
         Ok(())
@@ -541,10 +608,11 @@ pub fn read_backup(
 }
 
 /// The claims `core` attached to `event` when it decided it (firmware-UUID uniqueness), so a
-/// replay through the store's append path rebuilds the claim table as it was.
+/// replay through the store's append path rebuilds the claim table as it was: derived by
+/// [`vmplane_core::firmware::ClaimReplay`], which follows the deciders' rules.
 fn claims_of(
     event: &RecordedEvent,
-    firmware: &mut std::collections::HashMap<String, Uuid>,
+    replay: &mut vmplane_core::firmware::ClaimReplay,
 ) -> anyhow::Result<Vec<Claim>> {
     let decoded = vmplane_core::decode(&event.event_type, event.schema_version, &event.payload)
         .map_err(|e| {
@@ -553,37 +621,11 @@ fn claims_of(
                 event.position
             )
         })?;
-    let owner = event.stream.clone();
-    let acquire = |uuid: &Uuid| Claim::Acquire {
-        key: vmplane_core::firmware::claim_key(uuid),
-        owner: owner.clone(),
-    };
-    let release = |uuid: &Uuid| Claim::Release {
-        key: vmplane_core::firmware::claim_key(uuid),
-        owner: owner.clone(),
-    };
-    Ok(match decoded {
-        Event::VmCreated(p) => {
-            firmware.insert(owner.clone(), p.firmware_uuid);
-            vec![acquire(&p.firmware_uuid)]
-        }
-        Event::VmiCreated(p) => {
-            firmware.insert(owner.clone(), p.firmware_uuid);
-            vec![acquire(&p.firmware_uuid)]
-        }
-        Event::FirmwareUuidAssigned(p) => {
-            let previous = firmware.insert(owner.clone(), p.uuid);
-            match previous {
-                Some(prev) if prev != p.uuid => vec![release(&prev), acquire(&p.uuid)],
-                _ => Vec::new(),
-            }
-        }
-        Event::VmDeleted(_) | Event::VmiDeleted(_) => match firmware.remove(&owner) {
-            Some(uuid) => vec![release(&uuid)],
-            None => Vec::new(),
-        },
-        _ => Vec::new(),
-    })
+    Ok(replay
+        .claims(&event.stream, &decoded)
+        .into_iter()
+        .map(vmplane_projections::command::store_claim)
+        .collect())
 }
 
 /// Where a restore stops.
@@ -695,6 +737,7 @@ impl RestoreLock {
             lock.file
                 .write_all(std::process::id().to_string().as_bytes())?;
             lock.remove_stale_staging(data, name);
+            lock.remove_interrupted_inside(data);
             return Ok(lock);
         }
     }
@@ -725,6 +768,46 @@ impl RestoreLock {
     }
 }
 
+impl RestoreLock {
+    /// Takes out of an existing `data` what a crashed restore into it left: its staging
+    /// directories (`.vmplane-restore-<32 hex>`), and what it was moving in when it stopped
+    /// (named in `.vmplane-restore-moving`) unless the log's own file is there (moved last, so
+    /// the moves were done, or a server has made a log there since: then only the marker goes,
+    /// and the directory, not empty, is refused). Nothing else is touched.
+    fn remove_interrupted_inside(&self, data: &Path) {
+        let marker = data.join(MOVING_MARKER);
+        let has_log = ["db", vmplane_store::file_log::LOG_FILE]
+            .iter()
+            .any(|name| fs::symlink_metadata(data.join(name)).is_ok());
+        if let Ok(listed) = fs::read_to_string(&marker) {
+            for name in listed.lines().filter(|_| !has_log) {
+                let plain = !name.is_empty()
+                    && Path::new(name).components().count() == 1
+                    && Path::new(name).file_name().is_some();
+                if plain {
+                    tracing::warn!(path = %data.join(name).display(), "removing what a crashed restore was moving in");
+                    remove_path(&data.join(name));
+                }
+            }
+            let _ = fs::remove_file(&marker);
+        }
+        let Ok(entries) = fs::read_dir(data) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            let Some(suffix) = file_name.strip_prefix(INSIDE_STAGING_PREFIX) else {
+                continue;
+            };
+            if suffix.len() == 32 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) {
+                tracing::warn!(path = %entry.path().display(), "removing a crashed restore's staging directory");
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+        let _ = File::open(data).and_then(|d| d.sync_all());
+    }
+}
+
 impl Drop for RestoreLock {
     fn drop(&mut self) {
         // Removed while still locked (the lock goes with the file handle, right after).
@@ -733,8 +816,10 @@ impl Drop for RestoreLock {
     }
 }
 
-/// Builds a new data directory `data` from `from`, up to `cut`. Refuses a `data` that exists or
-/// that another restore is building; nothing is left behind on failure.
+/// Builds the data directory `data` from `from`, up to `cut`: a new directory, or an existing
+/// empty one (an empty mount point, say). Refuses a `data` that holds anything, or that another
+/// restore is building, and a `--to-position` inside one commit; nothing is left behind on
+/// failure.
 pub fn restore(
     from: &Path,
     data: &Path,
@@ -747,53 +832,311 @@ pub fn restore(
              etcd one"
         );
     }
+    // Before anything is created: `--from` must be a file.
+    drop(open_backup(from).with_context(|| format!("--from {}", from.display()))?);
     let _lock = RestoreLock::acquire(data)?;
-    if fs::symlink_metadata(data).is_ok() {
-        bail!(
-            "--data {}: already exists; a restore only creates a new data directory (remove it \
-             or choose another path)",
-            data.display()
-        );
-    }
+    let target = target_of(data)?;
     // The header is read first only to refuse a cut past the end before any work; the whole
     // file is checked while it is imported.
     let header = read_header(from).with_context(|| format!("--from {}", from.display()))?;
-    if let Cut::Position(p) = cut
-        && p > header.last_position
-    {
+    if let Cut::Position(p) = cut {
+        if p > header.last_position {
+            bail!(
+                "--to-position {p}: the backup ends at position {}",
+                header.last_position
+            );
+        }
+        if let Some(commit) = commit_holding(from, p)
+            && commit.last > p
+        {
+            bail!(
+                "--to-position {p}: position {p} is inside one commit, positions {}..={} \
+                 (stream {}, recorded at {}), and a commit is restored whole or not at all: use \
+                 --to-position {} to restore to just before it, or --to-position {} to keep it",
+                commit.first,
+                commit.last,
+                commit.stream,
+                rfc3339(commit.recorded_at),
+                commit.first - 1,
+                commit.last
+            );
+        }
+    }
+    match target {
+        Target::New => {
+            let name = data
+                .file_name()
+                .ok_or_else(|| anyhow!("--data {}: needs a directory name", data.display()))?;
+            let mut tmp_name = name.to_owned();
+            tmp_name.push(format!(".tmp-{}", Uuid::new_v4().simple()));
+            let tmp = data.with_file_name(tmp_name);
+            let report = match build(from, &tmp, cut, backend) {
+                Ok(report) => report,
+                Err(err) => {
+                    let _ = fs::remove_dir_all(&tmp);
+                    return Err(err);
+                }
+            };
+            if let Err(err) = fs::rename(&tmp, data) {
+                let _ = fs::remove_dir_all(&tmp);
+                return Err(err).with_context(|| format!("renaming into {}", data.display()));
+            }
+            sync_parent(data);
+            Ok(report)
+        }
+        Target::Empty => {
+            // Built inside, on the file system the directory's contents live on (a mount
+            // point's), then moved in.
+            let staging = data.join(format!(
+                "{INSIDE_STAGING_PREFIX}{}",
+                Uuid::new_v4().simple()
+            ));
+            let report = match build(from, &staging, cut, backend) {
+                Ok(report) => report,
+                Err(err) => {
+                    let _ = fs::remove_dir_all(&staging);
+                    return Err(err);
+                }
+            };
+            if let Err(err) = move_in(&staging, data) {
+                let _ = fs::remove_dir_all(&staging);
+                return Err(err);
+            }
+            Ok(report)
+        }
+    }
+}
+
+/// What `--data` is when a restore begins.
+enum Target {
+    /// Nothing there yet: built beside it, then renamed to it.
+    New,
+    /// An existing empty directory: built inside it, then moved in.
+    Empty,
+}
+
+/// The staging directory (then a 32-digit hex id) a restore into an existing empty directory
+/// builds inside it.
+const INSIDE_STAGING_PREFIX: &str = ".vmplane-restore-";
+/// While a restore moves what it built into an existing empty directory: the names it is
+/// moving, one a line, so that a restore finding it after a crash takes them back out.
+const MOVING_MARKER: &str = ".vmplane-restore-moving";
+
+/// Says whether `data` is new or an empty directory; refuses anything else, naming what is in
+/// the way.
+fn target_of(data: &Path) -> anyhow::Result<Target> {
+    match fs::symlink_metadata(data) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Target::New),
+        Err(err) => return Err(err).with_context(|| format!("--data {}", data.display())),
+        Ok(_) => {}
+    }
+    let meta = fs::metadata(data)
+        .with_context(|| format!("--data {}: exists, but cannot be followed", data.display()))?;
+    if !meta.is_dir() {
         bail!(
-            "--to-position {p}: the backup ends at position {}",
-            header.last_position
+            "--data {}: already exists and is not a directory; a restore fills a new or an empty \
+             data directory",
+            data.display()
         );
     }
-    let name = data
-        .file_name()
-        .ok_or_else(|| anyhow!("--data {}: needs a directory name", data.display()))?;
-    let mut tmp_name = name.to_owned();
-    tmp_name.push(format!(".tmp-{}", Uuid::new_v4().simple()));
-    let tmp = data.with_file_name(tmp_name);
-    let report = match build(from, &tmp, cut, backend) {
-        Ok(report) => report,
-        Err(err) => {
-            let _ = fs::remove_dir_all(&tmp);
-            return Err(err);
-        }
-    };
-    if let Err(err) = fs::rename(&tmp, data) {
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(err).with_context(|| format!("renaming into {}", data.display()));
+    let mut names: Vec<String> = fs::read_dir(data)
+        .with_context(|| format!("--data {}: listing it", data.display()))?
+        .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--data {}: listing it", data.display()))?;
+    if names.is_empty() {
+        return Ok(Target::Empty);
     }
-    sync_parent(data);
-    Ok(report)
+    names.sort();
+    let shown = names.len().min(5);
+    let more = match names.len() - shown {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    bail!(
+        "--data {}: already exists and is not empty (it holds {}{more}); a restore fills only a \
+         new or an empty data directory: empty it, or choose another path",
+        data.display(),
+        names[..shown].join(", ")
+    )
+}
+
+/// Whether `name` is a log's own file (`db` for sled, `events.vpl` for the file log): the
+/// entry whose presence makes a directory a log.
+fn is_log_file(name: &std::ffi::OsStr) -> bool {
+    name == "db" || name == vmplane_store::file_log::LOG_FILE
+}
+
+/// Moves everything a restore built in `staging` (inside `data`) into `data`, the log's own
+/// file last, so that until it is there nothing in `data` is a log. A failure moves back what
+/// was moved (the caller removes `staging`): `data` is as empty as it was. A crash in the
+/// middle leaves [`MOVING_MARKER`] naming what was being moved; the next restore takes it out.
+fn move_in(staging: &Path, data: &Path) -> anyhow::Result<()> {
+    let context = || format!("--data {}: moving the restored files in", data.display());
+    let mut names: Vec<std::ffi::OsString> = fs::read_dir(staging)
+        .and_then(|entries| entries.map(|e| e.map(|e| e.file_name())).collect())
+        .with_context(context)?;
+    names.sort_by_key(|name| (is_log_file(name), name.clone()));
+    let marker = data.join(MOVING_MARKER);
+    let listed: String = names
+        .iter()
+        .map(|name| format!("{}\n", name.to_string_lossy()))
+        .collect();
+    File::create(&marker)
+        .and_then(|mut file| {
+            file.write_all(listed.as_bytes())?;
+            file.sync_all()
+        })
+        .and_then(|()| File::open(data)?.sync_all())
+        .with_context(context)?;
+    let mut moved: Vec<&std::ffi::OsString> = Vec::new();
+    for name in &names {
+        let to = data.join(name);
+        let result = if fs::symlink_metadata(&to).is_ok() {
+            Err(anyhow!(
+                "{} appeared while the restore was building (is a server using the directory?)",
+                to.display()
+            ))
+        } else {
+            fs::rename(staging.join(name), &to)
+                .with_context(|| format!("renaming into {}", to.display()))
+        };
+        if let Err(err) = result {
+            for name in moved.iter().rev() {
+                let back = fs::rename(data.join(name), staging.join(name));
+                if back.is_err() {
+                    remove_path(&data.join(name));
+                }
+            }
+            let _ = fs::remove_file(&marker);
+            let _ = File::open(data).and_then(|d| d.sync_all());
+            return Err(err).with_context(context);
+        }
+        moved.push(name);
+    }
+    File::open(data)
+        .and_then(|d| d.sync_all())
+        .and_then(|()| fs::remove_dir(staging))
+        .and_then(|()| fs::remove_file(&marker))
+        .and_then(|()| File::open(data)?.sync_all())
+        .with_context(context)
+}
+
+/// Removes a file, or a directory and everything in it; best effort.
+fn remove_path(path: &Path) {
+    let _ = match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(_) => Ok(()),
+    };
+}
+
+/// One commit of a backed-up log, as far as the backup tells: the events of one append share
+/// their stream and the instant their group commit recorded (both embedded backends and etcd
+/// stamp a group commit once), at consecutive positions and revisions. Two appends of one
+/// stream in one group commit cannot be told apart, and count as one (a cut between them is
+/// refused; a cut inside an append never passes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Commit {
+    first: u64,
+    last: u64,
+    stream: String,
+    recorded_at: Timestamp,
+}
+
+impl Commit {
+    fn of(e: &RecordedEvent) -> Commit {
+        Commit {
+            first: e.position.0,
+            last: e.position.0,
+            stream: e.stream.clone(),
+            recorded_at: e.recorded_at,
+        }
+    }
+
+    /// Whether `e` is the next event of this commit; `revision` is the revision of its last.
+    fn continued_by(&self, revision: u64, e: &RecordedEvent) -> bool {
+        e.position.0 == self.last + 1
+            && e.stream == self.stream
+            && e.recorded_at == self.recorded_at
+            && e.revision == revision + 1
+    }
+}
+
+/// The commit of the backup at `from` holding position `p`, read quickly (records decoded, the
+/// hashes not checked: [`feed`] checks everything, and refuses a cut inside a commit too).
+/// `None` when the file cannot tell (damaged: the import then says why).
+fn commit_holding(from: &Path, p: u64) -> Option<Commit> {
+    let mut input = BufReader::with_capacity(1 << 20, open_backup(from).ok()?);
+    let mut preamble = [0u8; 10];
+    input.read_exact(&mut preamble).ok()?;
+    let mut current: Option<(Commit, u64)> = None;
+    let mut body = Vec::new();
+    loop {
+        let mut framing = [0u8; 5];
+        input.read_exact(&mut framing).ok()?;
+        let len = u32::from_be_bytes([framing[1], framing[2], framing[3], framing[4]]);
+        if len > RECORD_BYTES_MAX {
+            return None;
+        }
+        body.resize(len as usize, 0);
+        input.read_exact(&mut body).ok()?;
+        match framing[0] {
+            TAG_EVENT => {
+                let e = decode_event(&body).ok()?;
+                current = match current {
+                    Some((mut commit, revision)) if commit.continued_by(revision, &e) => {
+                        commit.last = e.position.0;
+                        Some((commit, e.revision))
+                    }
+                    Some((commit, _)) if commit.last >= p => {
+                        return (commit.first <= p).then_some(commit);
+                    }
+                    _ => Some((Commit::of(&e), e.revision)),
+                };
+            }
+            TAG_TRAILER => {
+                return current
+                    .map(|(commit, _)| commit)
+                    .filter(|c| c.first <= p && p <= c.last);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// An instant as RFC 3339 with nanoseconds (what `--to-time` takes).
+fn rfc3339(t: Timestamp) -> String {
+    chrono::DateTime::from_timestamp_nanos(t.0).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+}
+
+/// Opens a backup file to read it, saying what `path` is when it is not a file.
+fn open_backup(path: &Path) -> anyhow::Result<File> {
+    match fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => bail!(
+            "is a directory, not a backup file: give the file `vmplane admin backup --out` wrote"
+        ),
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => bail!("no such file"),
+        Err(err) => bail!("cannot read it: {err}"),
+    }
+    File::open(path).map_err(|err| anyhow!("cannot open it: {err}"))
+}
+
+/// What a failed read of a backup means: the file ends early, or the read itself failed.
+fn read_error(err: std::io::Error) -> anyhow::Error {
+    if err.kind() == std::io::ErrorKind::UnexpectedEof {
+        anyhow!("the backup file is truncated")
+    } else {
+        anyhow!("reading the backup file: {err}")
+    }
 }
 
 /// Reads the preamble and header record only (not trusted: the caller checks the whole file).
 fn read_header(path: &Path) -> anyhow::Result<Header> {
-    let mut input = BufReader::new(File::open(path).context("opening the backup")?);
+    let mut input = BufReader::new(open_backup(path)?);
     let mut preamble = [0u8; 15];
-    input
-        .read_exact(&mut preamble)
-        .context("the backup file is truncated")?;
+    input.read_exact(&mut preamble).map_err(read_error)?;
     if &preamble[..8] != MAGIC {
         bail!("not a vmplane backup (bad magic)");
     }
@@ -806,9 +1149,7 @@ fn read_header(path: &Path) -> anyhow::Result<Header> {
         bail!("the header is damaged");
     }
     let mut body = vec![0u8; len as usize];
-    input
-        .read_exact(&mut body)
-        .context("the backup file is truncated")?;
+    input.read_exact(&mut body).map_err(read_error)?;
     serde_json::from_slice(&body).context("the header is damaged")
 }
 
@@ -879,13 +1220,15 @@ fn feed(
 ) -> anyhow::Result<Fed> {
     let header_events = read_header(from).map(|h| h.event_count).unwrap_or(0);
     let progress = Progress::new(header_events, "restoring");
-    let mut firmware = std::collections::HashMap::new();
+    let mut firmware = vmplane_core::firmware::ClaimReplay::default();
     // The last kept position, its time and the chain hash so far.
     let mut kept = 0u64;
     let mut kept_time = Timestamp(i64::MIN);
     let mut prev_hash = GENESIS_PREV_HASH;
     let mut cut_at: Option<u64> = None;
     let mut voided = 0u64;
+    // The last kept event, as the commit it ends and its revision.
+    let mut last_kept: Option<(Commit, u64)> = None;
     let summary = read_backup(from, |e| {
         let keep = cut_at.is_none()
             && match cut {
@@ -893,10 +1236,27 @@ fn feed(
                 Cut::Position(p) => e.position.0 <= p,
                 Cut::Time(t) => e.recorded_at <= t,
             };
+        if !keep
+            && cut_at.is_none()
+            && let Some((commit, revision)) = &last_kept
+            && commit.continued_by(*revision, e)
+        {
+            // `restore` refuses such a cut before it begins; never keep half a commit.
+            bail!(
+                "the cut after position {} would split the commit of positions {} and {} \
+                 (stream {}, recorded at {}): a commit is restored whole or not at all",
+                commit.last,
+                commit.last,
+                e.position,
+                commit.stream,
+                rfc3339(commit.recorded_at)
+            );
+        }
         let hash = if keep {
             let claims = claims_of(e, &mut firmware)?;
             kept = e.position.0;
             kept_time = e.recorded_at;
+            last_kept = Some((Commit::of(e), e.revision));
             push(e.clone(), &claims)
                 .with_context(|| format!("importing position {}", e.position))?;
             e.hash
@@ -1020,50 +1380,524 @@ pub struct VerifyOutcome {
     pub events: u64,
     /// The head's chain hash.
     pub head_hash: [u8; 32],
-    /// The projections' digest (equal to a rebuild's).
+    /// The projections' digest (a rebuild's; equal to the checkpoint's plus the tail, when
+    /// there is a checkpoint).
     pub digest: String,
+    /// The position of the projection checkpoint checked, `None` when the directory has none.
+    pub checkpoint: Option<u64>,
     /// The restore marker, if any.
     pub marker: Option<RestoreMarker>,
 }
 
-/// Offline checks of a data directory: hash chain, gapless positions, every payload decodes,
-/// and the projections opened from the checkpoint have the digest of a fresh rebuild.
+/// Offline checks of a data directory, changing nothing in it: hash chain, gapless positions,
+/// every payload decodes, the end of the log (a file log's torn or damaged last record, which
+/// `serve` would cut off, is reported with its position), the projection checkpoint (one
+/// `serve` would discard is reported with why), and the projections opened from the checkpoint
+/// have the digest of a fresh rebuild. Every problem found makes it an error, named in one
+/// message.
+///
+/// Nothing is written to `data`: a file log is opened read-only
+/// ([`FileLog::open_read_only`]); a sled log is opened on a copy of its files in the
+/// temporary directory (`$TMPDIR`), since opening sled 0.34 writes to its directory (its
+/// recovery zeroes the rest of the last segment, writes a new snapshot file and removes the
+/// old ones, and the log records its head at close), while the original's `db` is locked so
+/// that no server opens it meanwhile; the projections are opened without checkpointing.
 pub fn verify(data: &Path) -> anyhow::Result<VerifyOutcome> {
-    let cannot = || format!("--data {}: cannot open the log", data.display());
-    let log: Arc<dyn EventLog> = match crate::server::embedded_backend_of(data) {
-        Some(Backend::File) => Arc::new(FileLog::open(data).with_context(cannot)?),
-        Some(_) => Arc::new(SledLog::open(data).with_context(cannot)?),
+    let opened = match crate::server::embedded_backend_of(data) {
+        Some(Backend::File) => open_file_log_to_verify(data)?,
+        Some(_) => open_sled_copy_to_verify(data)?,
         None => bail!("--data {}: no vmplane log here", data.display()),
     };
-    let report = log
-        .verify(&|t, v, p| vmplane_core::validate_payload(t, v, p).map_err(|e| e.to_string()))
-        .map_err(|e| anyhow!("{e}"))?;
+    let log = Arc::clone(&opened.log);
+    let head = log.head().0;
+    let mut problems: Vec<String> = Vec::new();
+    let torn = opened.torn.map(|torn| torn_problem(data, &torn, head));
+
+    let progress = Progress::new(head, "verifying the log");
+    let checked = log.verify(&|t, v, p| {
+        progress.inc(1);
+        vmplane_core::validate_payload(t, v, p).map_err(|e| e.to_string())
+    });
+    progress.finish();
+    let report = match checked {
+        Ok(report) => report,
+        Err(err) => {
+            problems.push(err.to_string());
+            problems.extend(torn);
+            bail!("--data {}: {}", data.display(), problems.join("; and "));
+        }
+    };
+
+    let checkpoint_path = vmplane_projections::checkpoint::path(data, READ_MODEL);
+    let checkpoint = match check_checkpoint(log.as_ref(), &checkpoint_path) {
+        Ok(checkpoint) => checkpoint,
+        Err(reason) => {
+            problems.push(format!(
+                "the projection checkpoint {} cannot be used: {reason} (`vmplane serve` would \
+                 discard it and rebuild the projections from the log; a checkpoint is a cache: \
+                 removing it is a repair)",
+                checkpoint_path.display()
+            ));
+            None
+        }
+    };
     let options = vmplane_projections::ProjectionOptions {
         checkpoint_every_events: 0,
         ..Default::default()
     };
-    // Opening with checkpoint_every_events 0 writes nothing to the directory.
-    let opened = vmplane_projections::Projections::open(Arc::clone(&log), data, options)
-        .context("opening the projections from their checkpoint")?;
-    let rebuilt = vmplane_projections::Projections::in_memory(Arc::clone(&log), options)
+    let rebuild_log = Watched::new(&log, head, "rebuilding the projections");
+    let rebuilt = vmplane_projections::Projections::in_memory(rebuild_log.as_log(), options)
         .context("rebuilding the projections")?;
-    let (digest, fresh) = (opened.digest()?, rebuilt.digest()?);
-    if digest != fresh {
-        let (a, b) = (opened.canonical_content()?, rebuilt.canonical_content()?);
-        let first = a
-            .iter()
-            .zip(&b)
-            .find(|(x, y)| x != y)
-            .map(|(x, y)| format!("checkpoint has {x}, rebuild has {y}"))
-            .unwrap_or_else(|| format!("{} vs {} lines", a.len(), b.len()));
-        bail!("projection digest {digest} differs from a rebuild's {fresh}: {first}");
+    rebuild_log.progress.finish();
+    let fresh = rebuilt.digest()?;
+    if let Some(position) = checkpoint {
+        // Opening with checkpoint_every_events 0 writes nothing to the directory.
+        let tail = head.saturating_sub(position);
+        let watched = Watched::new(&log, tail, "loading the projections' checkpoint");
+        let opened_projections =
+            vmplane_projections::Projections::open(watched.as_log(), data, options)
+                .context("opening the projections from their checkpoint")?;
+        watched.progress.finish();
+        let scanned_from = *lock(&watched.first_scan);
+        if scanned_from.is_some_and(|from| from != position) {
+            problems.push(format!(
+                "the projections did not start from their checkpoint {} at position {position} \
+                 (they replayed the log from position {}): `vmplane serve` would discard it",
+                checkpoint_path.display(),
+                scanned_from.unwrap_or(0)
+            ));
+        }
+        let digest = opened_projections.digest()?;
+        if digest != fresh {
+            let (a, b) = (
+                opened_projections.canonical_content()?,
+                rebuilt.canonical_content()?,
+            );
+            let first = a
+                .iter()
+                .zip(&b)
+                .find(|(x, y)| x != y)
+                .map(|(x, y)| format!("checkpoint has {x}, rebuild has {y}"))
+                .unwrap_or_else(|| format!("{} vs {} lines", a.len(), b.len()));
+            problems.push(format!(
+                "projection digest {digest} (checkpoint {} plus the log after it) differs from \
+                 a rebuild's {fresh}: {first}",
+                checkpoint_path.display()
+            ));
+        }
+    }
+    // The torn tail first: it is about the log, the truth.
+    if let Some(torn) = torn {
+        problems.insert(0, torn);
+    }
+    if !problems.is_empty() {
+        bail!("--data {}: {}", data.display(), problems.join("; and "));
     }
     Ok(VerifyOutcome {
         events: report.events,
         head_hash: report.head_hash,
-        digest,
+        digest: fresh,
+        checkpoint,
         marker: RestoreMarker::read(data)?,
     })
+}
+
+/// A log opened by `admin verify`, and what must outlive it.
+struct OpenedToVerify {
+    log: Arc<dyn EventLog>,
+    /// A file log's torn last record, left in place.
+    torn: Option<vmplane_store::file_log::TornTail>,
+    /// A sled log's scratch copy (removed after the log is closed: fields drop in order) and
+    /// the shared lock on the original's `db`.
+    _copy: Option<(RemovedUnlessKept, File)>,
+}
+
+fn open_file_log_to_verify(data: &Path) -> anyhow::Result<OpenedToVerify> {
+    let spinner = Progress::spinner(&format!(
+        "opening the log (reading {})",
+        data.join(vmplane_store::file_log::LOG_FILE).display()
+    ));
+    let log = FileLog::open_read_only(data, vmplane_store::FileOptions::default())
+        .with_context(|| format!("--data {}: cannot open the log", data.display()));
+    spinner.finish();
+    let log = log?;
+    let torn = log.open_report().torn_tail;
+    Ok(OpenedToVerify {
+        log: Arc::new(log),
+        torn,
+        _copy: None,
+    })
+}
+
+/// What `serve` would do with a file log's torn last record, and why verify cannot tell
+/// whether it was committed.
+fn torn_problem(data: &Path, torn: &vmplane_store::file_log::TornTail, events: u64) -> String {
+    let file = data.join(vmplane_store::file_log::LOG_FILE);
+    let holds = match torn.positions {
+        Some((first, last)) => {
+            format!(", holding positions {first}..={last} by its unchecked bytes")
+        }
+        None => String::new(),
+    };
+    let head_file = data.join(vmplane_store::head_record::HEAD_RECORD_FILE);
+    let vouched = match head_record_position(&head_file) {
+        Some(position) => format!(
+            "the head record {} vouches only for positions up to {position} (it is written at \
+             most a second apart): a commit after those cannot be told from one never \
+             acknowledged",
+            head_file.display()
+        ),
+        None => format!(
+            "there is no head record ({}) to tell whether it was committed",
+            head_file.display()
+        ),
+    };
+    format!(
+        "{} ends in a torn record at byte {} ({} bytes to the end of the file: {}) after \
+         position {events}{holds}; `vmplane serve` would cut those bytes off as a commit that \
+         was never acknowledged, and {vouched}: keep a copy of the file before serving it, and \
+         if that commit had been acknowledged, restore from a backup",
+        file.display(),
+        torn.offset,
+        torn.bytes,
+        torn.reason
+    )
+}
+
+/// The position a head record file holds, if it is there and readable.
+fn head_record_position(path: &Path) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    let mut lines = text.lines();
+    (lines.next()? == "vmplane-head v1").then_some(())?;
+    lines.next()?.parse().ok()
+}
+
+/// Opens a sled log for `admin verify` on a copy of its files (see [`verify`]).
+fn open_sled_copy_to_verify(data: &Path) -> anyhow::Result<OpenedToVerify> {
+    let cannot = || format!("--data {}: cannot open the log", data.display());
+    let db = data.join("db");
+    let lock = File::open(&db)
+        .with_context(|| format!("opening {}", db.display()))
+        .with_context(cannot)?;
+    if let Err(err) = fs2::FileExt::try_lock_shared(&lock) {
+        if err.kind() == fs2::lock_contended_error().kind() {
+            bail!(
+                "--data {}: cannot open the log: {} is in use by another process (a running \
+                 `vmplane serve`?): stop it first, or work on a copy",
+                data.display(),
+                data.display()
+            );
+        }
+        return Err(err)
+            .with_context(|| format!("locking {}", db.display()))
+            .with_context(cannot);
+    }
+    let copy = copy_sled(data, true)?;
+    let opened = {
+        let spinner = Progress::spinner("opening the log (a copy of sled's files)");
+        let opened = SledLog::open(copy.path());
+        spinner.finish();
+        opened
+    };
+    let log = match opened {
+        Ok(log) => log,
+        Err(err) => {
+            let text = err.to_string().replace(
+                copy.path().to_string_lossy().as_ref(),
+                data.to_string_lossy().as_ref(),
+            );
+            drop(copy);
+            if text.contains("Read corrupted data") {
+                return Err(sled_damage(data, &text));
+            }
+            bail!("{}: {text}", cannot());
+        }
+    };
+    Ok(OpenedToVerify {
+        log: Arc::new(log),
+        torn: None,
+        _copy: Some((copy, lock)),
+    })
+}
+
+/// Copies sled's files of `data` (everything but the projections and the restore marker;
+/// sled's snapshot files `snap.*` only `with_snapshots`) into a new directory under `$TMPDIR`,
+/// removed when the returned guard is dropped.
+fn copy_sled(data: &Path, with_snapshots: bool) -> anyhow::Result<RemovedUnlessKept> {
+    let scratch = std::env::temp_dir().join(format!("vmplane-verify-{}", Uuid::new_v4().simple()));
+    let failed = |what: &str| {
+        format!(
+            "--data {}: {what} {} to verify it there (opening sled writes to its directory, so \
+             verify never opens --data itself; set TMPDIR to a directory with room for a copy)",
+            data.display(),
+            scratch.display()
+        )
+    };
+    fs::create_dir(&scratch).with_context(|| failed("creating"))?;
+    let guard = RemovedUnlessKept(Some(scratch.clone()));
+    let wanted = |name: &std::ffi::OsStr| {
+        let name = name.to_string_lossy();
+        name != vmplane_projections::checkpoint::CHECKPOINT_DIR
+            && name != RESTORE_MARKER
+            && (with_snapshots || !name.starts_with("snap."))
+    };
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    let mut pending = vec![(data.to_path_buf(), scratch.clone())];
+    while let Some((from, to)) = pending.pop() {
+        for entry in fs::read_dir(&from).with_context(|| failed("listing the files to copy to"))? {
+            let entry = entry.with_context(|| failed("listing the files to copy to"))?;
+            if from == data && !wanted(&entry.file_name()) {
+                continue;
+            }
+            let meta = entry
+                .metadata()
+                .with_context(|| failed("reading the files to copy to"))?;
+            let target = to.join(entry.file_name());
+            if meta.is_dir() {
+                fs::create_dir(&target).with_context(|| failed("copying sled's files to"))?;
+                pending.push((entry.path(), target));
+            } else if meta.is_file() {
+                total += meta.len();
+                files.push((entry.path(), target, meta.len()));
+            }
+        }
+    }
+    let progress = Progress::bytes(total, "copying sled's files");
+    for (from, to, len) in files {
+        fs::copy(&from, &to)
+            .with_context(|| format!("copying {}", from.display()))
+            .with_context(|| failed("copying sled's files to"))?;
+        progress.inc(len);
+    }
+    progress.finish();
+    Ok(guard)
+}
+
+/// What to say of sled refusing `data` as corrupted (`text`, its error, which names no file):
+/// which file, as far as a copy without sled's snapshot files tells, and that sled cannot name
+/// a log position.
+fn sled_damage(data: &Path, text: &str) -> anyhow::Error {
+    let offset = text
+        .split("file offset ")
+        .nth(1)
+        .map(|rest| {
+            rest.split(" backtrace")
+                .next()
+                .unwrap_or(rest)
+                .trim()
+                .to_owned()
+        })
+        .filter(|offset| offset != "None");
+    let mut snapshots: Vec<PathBuf> = fs::read_dir(data)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    snapshots.sort();
+    if offset.is_none() && !snapshots.is_empty() {
+        // sled reads its newest snapshot file first and refuses the lot when that is damaged;
+        // without one it reads its log file whole. A second copy tells which it was.
+        let without = copy_sled(data, false).ok().and_then(|copy| {
+            let log = SledLog::open(copy.path()).ok()?;
+            let report = log
+                .verify(&|t, v, p| {
+                    vmplane_core::validate_payload(t, v, p).map_err(|e| e.to_string())
+                })
+                .ok()?;
+            drop(log);
+            drop(copy);
+            Some(report.events)
+        });
+        let names = snapshots
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        if let Some(events) = without {
+            return anyhow!(
+                "--data {}: sled refuses its snapshot file {names} (\"Read corrupted data\", at \
+                 no offset sled names); without it, sled reads {} whole: {events} events up to \
+                 position {events}, hash chain and payloads verified. To repair: stop every \
+                 server on the directory, move {names} out of it, and serve it (sled rebuilds \
+                 its snapshot from db)",
+                data.display(),
+                data.join("db").display()
+            );
+        }
+    }
+    let where_ = match &offset {
+        Some(offset) if offset.contains("Blob") => format!(
+            "in a blob file under {} ({offset})",
+            data.join("blobs").display()
+        ),
+        Some(offset) => format!("in {} ({offset})", data.join("db").display()),
+        None => format!(
+            "in one of its files ({}, {}, snap.*), at no offset sled names",
+            data.join("db").display(),
+            data.join("conf").display()
+        ),
+    };
+    anyhow!(
+        "--data {}: sled refuses its files as corrupted (\"Read corrupted data\") {where_}; sled \
+         0.34 cannot say which log positions that damage holds, so vmplane cannot name one: \
+         restore the directory from a backup (`vmplane admin restore`)",
+        data.display()
+    )
+}
+
+/// A projection checkpoint's header and body position (the entries are skipped).
+#[derive(Deserialize)]
+struct CheckpointProbe {
+    applied: u64,
+}
+
+/// Checks the projection checkpoint at `path` as `Projections::open` would before using it:
+/// its header, format, code version, body checksum and JSON, and that the log holds the event
+/// it was taken at. `Ok(None)`: there is none. `Err(reason)`: why `serve` would discard it.
+fn check_checkpoint(log: &dyn EventLog, path: &Path) -> Result<Option<u64>, String> {
+    let Some(loaded) = vmplane_projections::checkpoint::read::<CheckpointProbe>(path, READ_MODEL)?
+    else {
+        return Ok(None);
+    };
+    if loaded.position != loaded.body.applied {
+        return Err("header and body disagree on the position".into());
+    }
+    if loaded.position > 0 {
+        let event = log
+            .read_event(Position(loaded.position))
+            .map_err(|e| format!("reading the log at {}: {e}", loaded.position))?
+            .ok_or_else(|| {
+                format!(
+                    "the log ends before the checkpoint's position {}",
+                    loaded.position
+                )
+            })?;
+        if event.hash != loaded.event_hash {
+            return Err(format!(
+                "the log's event at {} is not the one the checkpoint applied",
+                loaded.position
+            ));
+        }
+    }
+    Ok(Some(loaded.position))
+}
+
+/// The log as `admin verify` lends it to the projections: the same reads, plus a progress bar
+/// over the events they scan, and where their first scan began (from a checkpoint's position,
+/// or from 0 when they discarded it).
+struct Watched {
+    inner: Arc<dyn EventLog>,
+    first_scan: Mutex<Option<u64>>,
+    progress: Progress,
+}
+
+impl Watched {
+    fn new(inner: &Arc<dyn EventLog>, events: u64, what: &str) -> Arc<Watched> {
+        Arc::new(Watched {
+            inner: Arc::clone(inner),
+            first_scan: Mutex::new(None),
+            progress: Progress::new(events, what),
+        })
+    }
+
+    fn as_log(self: &Arc<Self>) -> Arc<dyn EventLog> {
+        Arc::clone(self) as Arc<dyn EventLog>
+    }
+}
+
+impl EventLog for Watched {
+    fn append(
+        &self,
+        request: vmplane_store::AppendRequest,
+    ) -> vmplane_store::Result<vmplane_store::AppendResult> {
+        self.inner.append(request)
+    }
+
+    fn read_stream(
+        &self,
+        stream: &str,
+        from: vmplane_store::Revision,
+        direction: vmplane_store::Direction,
+        max_count: usize,
+    ) -> vmplane_store::Result<Vec<RecordedEvent>> {
+        self.inner.read_stream(stream, from, direction, max_count)
+    }
+
+    fn read_all(
+        &self,
+        after: Position,
+        max_count: usize,
+    ) -> vmplane_store::Result<Vec<RecordedEvent>> {
+        self.inner.read_all(after, max_count)
+    }
+
+    fn scan(
+        &self,
+        after: Position,
+        visit: vmplane_store::Visitor<'_>,
+    ) -> vmplane_store::Result<Position> {
+        lock(&self.first_scan).get_or_insert(after.0);
+        self.inner.scan(after, &mut |event| {
+            self.progress.inc(1);
+            visit(event)
+        })
+    }
+
+    fn read_event(&self, position: Position) -> vmplane_store::Result<Option<RecordedEvent>> {
+        self.inner.read_event(position)
+    }
+
+    fn position_at(&self, at: Timestamp) -> vmplane_store::Result<Position> {
+        self.inner.position_at(at)
+    }
+
+    fn head(&self) -> Position {
+        self.inner.head()
+    }
+
+    fn wait_for(
+        &self,
+        position: Position,
+        timeout: std::time::Duration,
+    ) -> vmplane_store::Result<Position> {
+        self.inner.wait_for(position, timeout)
+    }
+
+    fn stream_revision(
+        &self,
+        stream: &str,
+    ) -> vmplane_store::Result<Option<vmplane_store::Revision>> {
+        self.inner.stream_revision(stream)
+    }
+
+    fn claim_holder(&self, key: &str) -> vmplane_store::Result<Option<String>> {
+        self.inner.claim_holder(key)
+    }
+
+    fn verify(
+        &self,
+        validate_payload: vmplane_store::PayloadValidator<'_>,
+    ) -> vmplane_store::Result<vmplane_store::VerifyReport> {
+        self.inner.verify(validate_payload)
+    }
+
+    fn limits(&self) -> &vmplane_store::Limits {
+        self.inner.limits()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A progress bar on a terminal, nothing otherwise (the summary line says what happened).
@@ -1084,6 +1918,37 @@ impl Progress {
         bar.set_message(what.to_owned());
         Progress(Some(bar))
     }
+    /// A bar over `total` bytes.
+    fn bytes(total: u64, what: &str) -> Progress {
+        if !std::io::stderr().is_terminal() {
+            return Progress(None);
+        }
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_message(what.to_owned());
+        Progress(Some(bar))
+    }
+
+    /// A spinner for a phase whose progress cannot be counted.
+    fn spinner(what: &str) -> Progress {
+        if !std::io::stderr().is_terminal() {
+            return Progress(None);
+        }
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar.set_message(what.to_owned());
+        bar.enable_steady_tick(std::time::Duration::from_millis(100));
+        Progress(Some(bar))
+    }
+
     fn inc(&self, n: u64) {
         if let Some(bar) = &self.0 {
             bar.inc(n);
@@ -1126,11 +1991,33 @@ pub async fn backup(global: &crate::cli::GlobalArgs, out: &Path) -> anyhow::Resu
         .into_inner();
     let mut writer: Option<BackupWriter> = None;
     let mut progress: Option<Progress> = None;
-    while let Some(chunk) = stream
-        .message()
-        .await
-        .map_err(crate::client::status_error)?
-    {
+    // What a backup that stops early says: whatever stopped it, `--out` is untouched and
+    // `FILE.tmp` is gone (the writer removes it when dropped unfinished).
+    let incomplete = |writer: Option<BackupWriter>, why: String| -> anyhow::Error {
+        let told = match &writer {
+            Some(w) => format!("after {} of {} events", w.events(), w.header.event_count),
+            None => "before the first event".to_owned(),
+        };
+        drop(writer);
+        anyhow!(
+            "the backup is incomplete: the server stopped sending it {told} ({why}); nothing was \
+             written to --out {}, and no {}.tmp is left; take the backup again",
+            out.display(),
+            out.display()
+        )
+    };
+    loop {
+        let chunk = match stream.message().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break,
+            Err(status) => {
+                if let Some(p) = &progress {
+                    p.finish();
+                }
+                let why = crate::client::status_error(status).to_string();
+                return Err(incomplete(writer.take(), why));
+            }
+        };
         let w = match &mut writer {
             Some(w) => w,
             None => {
@@ -1157,17 +2044,24 @@ pub async fn backup(global: &crate::cli::GlobalArgs, out: &Path) -> anyhow::Resu
             p.inc(n);
         }
     }
-    let writer = writer.ok_or_else(|| anyhow!("the server sent no backup"))?;
-    let (events, last) = (writer.written, writer.last);
-    let bytes = writer.finish()?;
     if let Some(p) = &progress {
         p.finish();
     }
+    let writer = writer.ok_or_else(|| anyhow!("the server sent no backup"))?;
+    if writer.events() != writer.header.event_count {
+        let why = "it ended the backup early".to_owned();
+        return Err(incomplete(Some(writer), why));
+    }
+    let (events, last) = (writer.written, writer.last);
+    let bytes = writer.finish()?;
     let secs = started.elapsed().as_secs_f64().max(1e-9);
+    let held = match last.0 {
+        0 => "an empty log".to_owned(),
+        head => format!("positions 1..={head}"),
+    };
     println!(
-        "backup written to {}: {events} events (positions 1..={}), {bytes} bytes, last hash {}, in {secs:.2}s",
+        "backup written to {}: {events} events ({held}), {bytes} bytes, last hash {}, in {secs:.2}s",
         out.display(),
-        last.0,
         hex::encode(last.1)
     );
     Ok(())
@@ -1237,11 +2131,18 @@ pub fn run(
         AdminCommand::Verify { data } => {
             let v = verify(&data)?;
             println!(
-                "ok: {} events, head position {}, head hash {}, projection digest {}{}",
+                "ok: {} events, head position {}, head hash {}, projection digest {}{}{}",
                 v.events,
                 v.events,
                 hex::encode(v.head_hash),
                 v.digest,
+                match v.checkpoint {
+                    Some(_) => "",
+                    None => {
+                        ", no projection checkpoint (a cache: `vmplane serve` rebuilds the \
+                         projections from the log and writes one)"
+                    }
+                },
                 match &v.marker {
                     Some(m) => format!(
                         ", restored (epoch {}{})",
@@ -1256,4 +2157,155 @@ pub fn run(
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backup at `path` of events on (stream, recorded_at) in order, chained.
+    fn backup_of(path: &Path, events: &[(&str, i64)]) {
+        let count = events.len() as u64;
+        let mut writer = BackupWriter::create(
+            path,
+            Header {
+                format_version: FORMAT_VERSION,
+                event_count: count,
+                first_position: u64::from(count > 0),
+                last_position: count,
+                created_at: "2026-01-01T00:00:00Z".into(),
+                server_version: "test".into(),
+            },
+        )
+        .expect("create");
+        let mut prev_hash = GENESIS_PREV_HASH;
+        let mut revisions = std::collections::HashMap::new();
+        for (at, (stream, time)) in events.iter().enumerate() {
+            let revision = revisions.entry(*stream).or_insert(0u64);
+            *revision += 1;
+            let mut event = RecordedEvent {
+                position: Position(at as u64 + 1),
+                stream: (*stream).into(),
+                revision: *revision,
+                id: Uuid::now_v7(),
+                recorded_at: Timestamp(*time),
+                actor: "tester".into(),
+                correlation_id: Uuid::now_v7(),
+                causation_id: None,
+                event_type: "Tested".into(),
+                schema_version: 1,
+                payload: vec![1, 2, 3],
+                prev_hash,
+                hash: [0; 32],
+            };
+            event.hash = event_hash(&event.as_ref());
+            prev_hash = event.hash;
+            writer.event(&event).expect("event");
+        }
+        writer.finish().expect("finish");
+    }
+
+    #[test]
+    fn the_commit_holding_a_position_is_the_run_of_one_stream_at_one_instant() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("b");
+        // 1 | 2 3 (one commit) | 4 (same instant, another stream) | 5 6 (one stream, two
+        // instants: two commits) | 7 8 9 (one commit, the last)
+        backup_of(
+            &path,
+            &[
+                ("a", 10),
+                ("b", 20),
+                ("b", 20),
+                ("c", 20),
+                ("a", 30),
+                ("a", 31),
+                ("d", 40),
+                ("d", 40),
+                ("d", 40),
+            ],
+        );
+        let span = |p| commit_holding(&path, p).map(|c| (c.first, c.last));
+        assert_eq!(span(0), None, "position 0 is before every commit");
+        assert_eq!(span(1), Some((1, 1)));
+        assert_eq!(span(2), Some((2, 3)));
+        assert_eq!(span(3), Some((2, 3)));
+        assert_eq!(span(4), Some((4, 4)));
+        assert_eq!(span(5), Some((5, 5)));
+        assert_eq!(span(6), Some((6, 6)));
+        assert_eq!(span(7), Some((7, 9)));
+        assert_eq!(span(9), Some((7, 9)));
+        assert_eq!(span(10), None, "past the end");
+    }
+
+    #[test]
+    fn a_failed_move_into_an_empty_directory_moves_everything_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let staging = data.join(format!("{INSIDE_STAGING_PREFIX}{}", "0".repeat(32)));
+        fs::create_dir_all(staging.join("projections")).expect("mkdir");
+        for name in ["conf", "db", "restore.json", "projections/readmodel.ckpt"] {
+            fs::write(staging.join(name), name).expect("write");
+        }
+        // Something (a server?) put a `restore.json` there meanwhile: the move stops at it.
+        fs::write(data.join("restore.json"), b"not ours").expect("write");
+        let err = move_in(&staging, &data).expect_err("a clash");
+        assert!(format!("{err:#}").contains("appeared"), "{err:#}");
+        let mut left: Vec<String> = fs::read_dir(&data)
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let staging_name = staging.file_name().expect("name").to_string_lossy();
+        assert_eq!(
+            left,
+            vec![staging_name.into_owned(), "restore.json".to_owned()]
+        );
+        assert_eq!(
+            fs::read(data.join("restore.json")).expect("read"),
+            b"not ours"
+        );
+        for name in ["conf", "db", "projections/readmodel.ckpt"] {
+            assert!(staging.join(name).exists(), "{name} was not moved back");
+        }
+
+        // Without the clash, everything moves in, the log's file last, and nothing is left.
+        fs::remove_file(data.join("restore.json")).expect("rm");
+        move_in(&staging, &data).expect("move in");
+        let mut moved: Vec<String> = fs::read_dir(&data)
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        moved.sort();
+        assert_eq!(moved, ["conf", "db", "projections", "restore.json"]);
+    }
+
+    #[test]
+    fn a_crashed_move_is_taken_back_out_by_the_next_restore() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let staging = data.join(format!("{INSIDE_STAGING_PREFIX}{}", "a".repeat(32)));
+        fs::create_dir_all(&staging).expect("mkdir");
+        fs::write(staging.join("db"), b"log").expect("write");
+        // As a crash after the first rename leaves it.
+        fs::write(data.join("conf"), b"conf").expect("write");
+        fs::write(data.join(MOVING_MARKER), "conf\ndb\n").expect("marker");
+        let lock = RestoreLock::acquire(&data).expect("lock");
+        assert_eq!(fs::read_dir(&data).expect("ls").count(), 0);
+        assert!(matches!(target_of(&data), Ok(Target::Empty)));
+        drop(lock);
+
+        // A crash after the last move (the log's file is there): a whole log, kept, and
+        // refused as a target.
+        fs::write(data.join("conf"), b"conf").expect("write");
+        fs::write(data.join("db"), b"log").expect("write");
+        fs::write(data.join(MOVING_MARKER), "conf\ndb\n").expect("marker");
+        let lock = RestoreLock::acquire(&data).expect("lock");
+        assert!(!data.join(MOVING_MARKER).exists());
+        assert_eq!(fs::read(data.join("db")).expect("kept"), b"log");
+        assert!(target_of(&data).is_err());
+        drop(lock);
+    }
 }

@@ -1111,20 +1111,15 @@ fn event_id(request_id: Option<Uuid>, index: usize) -> Uuid {
 
 /// A decision's uniqueness claims as the store takes them.
 fn store_claims(decision: &Decision) -> Vec<vmplane_store::Claim> {
-    decision
-        .claims
-        .iter()
-        .map(|c| match c {
-            vmplane_core::Claim::Acquire { key, owner } => vmplane_store::Claim::Acquire {
-                key: key.clone(),
-                owner: owner.clone(),
-            },
-            vmplane_core::Claim::Release { key, owner } => vmplane_store::Claim::Release {
-                key: key.clone(),
-                owner: owner.clone(),
-            },
-        })
-        .collect()
+    decision.claims.iter().cloned().map(store_claim).collect()
+}
+
+/// One of `core`'s claims as the store takes it.
+pub fn store_claim(claim: vmplane_core::Claim) -> vmplane_store::Claim {
+    match claim {
+        vmplane_core::Claim::Acquire { key, owner } => vmplane_store::Claim::Acquire { key, owner },
+        vmplane_core::Claim::Release { key, owner } => vmplane_store::Claim::Release { key, owner },
+    }
 }
 
 /// The rejection of a decision whose claim `key` is held by stream `holder`.

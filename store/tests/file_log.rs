@@ -367,3 +367,137 @@ fn appenders_who_come_back_share_records_and_the_committer_goes_as_soon_as_they_
         report.events
     );
 }
+
+/// Every file of `dir` with its bytes (`admin verify` must leave them as they were).
+fn files_of(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .expect("ls")
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).unwrap_or_default())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn open_read_only(dir: &Path) -> vmplane_store::Result<FileLog> {
+    FileLog::open_read_only(dir, vmplane_store::FileOptions::default())
+}
+
+#[test]
+fn a_read_only_open_reports_a_torn_last_record_and_leaves_it_in_place() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 2);
+    let whole = log.records_end();
+    drop(log);
+    // What the audit did: 37 bytes of junk (no zeros) after the last record.
+    let file = open_log_file(dir.path());
+    let junk: Vec<u8> = (0..37u8).map(|i| i.wrapping_mul(7) | 1).collect();
+    file.write_all_at(&junk, whole).expect("junk");
+    drop(file);
+    let before = files_of(dir.path());
+
+    // The junk went into the committer's zeroed room: the tail runs to the end of the file.
+    let tail = file_len(dir.path()) - whole;
+    let log = open_read_only(dir.path()).expect("a read-only open");
+    let report = log.open_report();
+    assert_eq!((report.events, report.records), (2, 1));
+    assert_eq!(report.torn_tail_bytes, tail);
+    let torn = report.torn_tail.expect("the torn tail is reported");
+    assert_eq!((torn.offset, torn.bytes, torn.cut), (whole, tail, false));
+    assert_eq!(torn.positions, None, "junk says nothing of its positions");
+    assert_eq!(log.head(), Position(2));
+    assert_eq!(log.verify(&accept_all).expect("verify").events, 2);
+    // Nothing can be written through it.
+    let refused = log.append(AppendRequest::new(
+        "vm/b",
+        ExpectedRevision::Any,
+        vec![event(1)],
+    ));
+    assert!(
+        matches!(&refused, Err(Error::Unavailable { reason }) if reason.contains("read-only")),
+        "{refused:?}"
+    );
+    drop(log);
+    assert_eq!(
+        files_of(dir.path()),
+        before,
+        "a read-only open changed the directory"
+    );
+
+    // A writable open cuts it, as before, and says so.
+    let log = FileLog::open(dir.path()).expect("open");
+    let torn = log.open_report().torn_tail.expect("reported");
+    assert!(torn.cut);
+    assert_eq!(file_len(dir.path()), whole);
+}
+
+#[test]
+fn a_read_only_open_names_the_positions_of_a_damaged_last_record_it_cannot_vouch_for() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 2);
+    let first_end = log.records_end();
+    append(&log, "vm/b", 3);
+    let end = log.records_end();
+    drop(log);
+    // No head record to prove the last record committed, and one byte of it flipped (its last:
+    // inside the batch, where a payload ends).
+    std::fs::remove_file(dir.path().join(HEAD_RECORD_FILE)).expect("rm head record");
+    let file = open_log_file(dir.path());
+    let mut byte = [0u8; 1];
+    file.read_exact_at(&mut byte, end - 1).expect("read");
+    file.write_all_at(&[byte[0] ^ 0x40], end - 1).expect("flip");
+    drop(file);
+    let before = files_of(dir.path());
+
+    let log = open_read_only(dir.path()).expect("a read-only open");
+    let torn = log.open_report().torn_tail.expect("reported");
+    assert_eq!(torn.offset, first_end);
+    assert_eq!(torn.reason, "a checksum that does not match");
+    assert_eq!(
+        torn.positions,
+        Some((3, 5)),
+        "the committed events it would lose"
+    );
+    assert!(!torn.cut);
+    assert_eq!(log.head(), Position(2));
+    drop(log);
+    assert_eq!(files_of(dir.path()), before);
+}
+
+#[test]
+fn a_read_only_open_creates_nothing_and_is_refused_while_a_writer_holds_the_log() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("missing");
+    assert!(open_read_only(&missing).is_err());
+    assert!(!missing.exists(), "a read-only open created the directory");
+
+    let log = FileLog::open(dir.path()).expect("open");
+    append(&log, "vm/a", 1);
+    let err = open_read_only(dir.path()).expect_err("the writer holds it");
+    assert!(
+        err.to_string().contains("in use by another process"),
+        "{err}"
+    );
+    drop(log);
+    // Readers share it; a writer waits for them.
+    let reader = open_read_only(dir.path()).expect("a reader");
+    let other = open_read_only(dir.path()).expect("another reader");
+    assert!(
+        FileLog::open(dir.path()).is_err(),
+        "a writer beside a reader"
+    );
+    drop((reader, other));
+    // A file created but never given its header reads as an empty log, and stays empty.
+    let fresh = dir.path().join("fresh");
+    std::fs::create_dir(&fresh).expect("mkdir");
+    std::fs::write(fresh.join(LOG_FILE), b"").expect("empty file");
+    let log = open_read_only(&fresh).expect("read-only open of an empty file");
+    assert_eq!(log.head(), Position(0));
+    drop(log);
+    assert_eq!(file_len(&fresh), 0);
+}

@@ -192,8 +192,10 @@ fn backup_restore_drill() {
     ok(&["verify", "--data", pit.to_str().unwrap()]);
     let server = Server::start(&pit, &["--hypervisor", "none"]);
     let cli = Cli::new(&server);
-    // The positions after P hold the restore's void events: a list is at the backup's head.
-    assert_eq!(head_of(&cli, ns), full_head);
+    // The positions after P hold the restore's void events: a list reads at P, the last
+    // position not voided (a watch from a voided one is refused).
+    assert_eq!(head_of(&cli, ns), p);
+    assert!(full_head > p);
     for (name, expected) in &at_p {
         let now = stable(json(&cli.ok(&["get", "vm", name, "-n", ns, "-o", "json"])));
         assert_eq!(&now, expected, "{name} at position {p}");
@@ -426,7 +428,8 @@ fn a_point_in_time_restore_never_hands_out_a_position_a_watcher_saw() {
     let server = Server::start(&pit, &["--hypervisor", "none"]);
     let cli = Cli::new(&server);
     let rt = crate::rt();
-    assert_eq!(head_of(&cli, ns), l);
+    // A list reads at the last position not voided, the cut.
+    assert_eq!(head_of(&cli, ns), p);
     // Gone: every voided position, the watcher's included.
     for gone in [p + 1, x, l] {
         let err = rt
@@ -489,7 +492,7 @@ fn a_point_in_time_restore_never_hands_out_a_position_a_watcher_saw() {
 }
 
 #[test]
-fn one_restore_at_a_time_per_data_directory_and_never_over_an_existing_one() {
+fn one_restore_at_a_time_per_data_directory_and_never_over_a_used_one() {
     let root = tempfile::tempdir().expect("tempdir");
     let backup = root.path().join("b.backup");
     let server = Server::start(&root.path().join("data"), &["--hypervisor", "none"]);
@@ -550,13 +553,15 @@ fn one_restore_at_a_time_per_data_directory_and_never_over_an_existing_one() {
     assert!(leftovers().is_empty(), "{:?}", leftovers());
     ok(&["verify", "--data", target.to_str().unwrap()]);
 
-    // An existing directory, even an empty one, is refused and left as it was.
-    let empty = root.path().join("empty");
-    std::fs::create_dir(&empty).expect("mkdir");
-    let (code, _, err) = admin(&["restore", "--from", from, "--data", empty.to_str().unwrap()]);
+    // An existing directory that holds anything is refused and left as it was (an empty one is
+    // a target: `dr_offline`).
+    let used = root.path().join("used");
+    std::fs::create_dir(&used).expect("mkdir");
+    std::fs::write(used.join("keep.me"), b"mine").expect("write");
+    let (code, _, err) = admin(&["restore", "--from", from, "--data", used.to_str().unwrap()]);
     assert_ne!(code, 0);
-    assert!(err.contains("already exists"), "{err}");
-    assert_eq!(std::fs::read_dir(&empty).expect("ls").count(), 0);
+    assert!(err.contains("already exists and is not empty"), "{err}");
+    assert_eq!(std::fs::read_dir(&used).expect("ls").count(), 1);
     assert!(leftovers().is_empty(), "{:?}", leftovers());
 }
 

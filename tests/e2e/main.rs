@@ -5,6 +5,7 @@ mod cli_audit;
 mod cold_updates;
 mod crash_restart;
 mod dr;
+mod dr_offline;
 mod errors;
 mod etcd;
 mod features;
@@ -21,8 +22,8 @@ mod serve;
 mod snapshots;
 mod tls;
 mod views;
-mod wait;
 mod voided;
+mod wait;
 mod walkthrough;
 mod watch;
 

@@ -27,12 +27,17 @@
 //!   (`tips`), so a command asking it never waits for a commit to reach the indexes.
 //! - **Crash**: a record that was being written when the machine stopped (a short frame, a
 //!   body shorter than its frame says, or a CRC that does not match, in the last record, which
-//!   zeros alone may follow) was never acknowledged; opening cuts it off and says so. Zeros
-//!   after the last record are room, not damage. Anything wrong before the last record
-//!   is damage: opening refuses with [`Error::Corrupt`] naming the position.
+//!   zeros alone may follow) was never acknowledged; opening cuts it off and says so
+//!   ([`OpenReport::torn_tail`]). Zeros after the last record are room, not damage. Anything
+//!   wrong before the last record is damage: opening refuses with [`Error::Corrupt`] naming
+//!   the position.
+//! - **Read-only** ([`FileLog::open_read_only`], what `admin verify` uses): the same reading
+//!   and checks, but nothing on disk changes: a torn last record is reported and left in
+//!   place, and nothing is appended, created or recorded.
 //! - **Reads** stop at the durable head; the most recent records are kept in memory, so the
 //!   projections catching up after a write read no disk.
-//! - One process per directory: the file is locked (`flock`) while open.
+//! - One process per directory: the file is locked (`flock`) while open (shared by read-only
+//!   opens; a writer is refused while one is open).
 
 mod commit;
 pub mod import;
@@ -138,12 +143,36 @@ impl fmt::Debug for FileOptions {
 /// What opening found and did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpenReport {
-    /// Events in the log.
+    /// Events in the log (up to its last whole record).
     pub events: u64,
     /// Records (group commits) in the log.
     pub records: u64,
-    /// Bytes of an unacknowledged, partly written last record cut off (0: none).
+    /// Bytes of an unacknowledged, partly written last record cut off (0: none); opened
+    /// [read-only](FileLog::open_read_only), the bytes of such a record left in place.
     pub torn_tail_bytes: u64,
+    /// The torn last record found at open, if any: what it is, and whether it was cut off.
+    pub torn_tail: Option<TornTail>,
+}
+
+/// A last record that fails its checks with only zeros after it: a commit that was being
+/// written when the writer stopped (or damage to the last record that the head record cannot
+/// tell from one). A writable open cuts it off; a [read-only](FileLog::open_read_only) one
+/// leaves it and reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    /// Where it starts in the log file (where the last whole record ends).
+    pub offset: u64,
+    /// Its bytes, up to the end of the file (zeros after it included).
+    pub bytes: u64,
+    /// What is wrong with it: "a short frame", "a frame with no valid length", "a body shorter
+    /// than its frame says" or "a checksum that does not match".
+    pub reason: &'static str,
+    /// The positions it would have held, when its frame and body are whole enough to tell
+    /// (read from its unverified bytes: a hint, not a fact). It always starts right after
+    /// [`OpenReport::events`].
+    pub positions: Option<(u64, u64)>,
+    /// Whether opening cut it off (never on a read-only open).
+    pub cut: bool,
 }
 
 /// The event log in one file. Open one per directory (the file is locked while open).
@@ -417,10 +446,30 @@ impl FileLog {
     /// cuts off an unacknowledged torn last record, rebuilds the indexes, and starts the
     /// committer thread.
     pub fn open_with(dir: impl AsRef<Path>, options: FileOptions) -> Result<FileLog> {
-        let dir = dir.as_ref();
+        FileLog::open_mode(dir.as_ref(), options, Mode::Write)
+    }
+
+    /// Opens the existing log in directory `dir` to read and verify it, changing nothing on
+    /// disk: the file is opened read-only under a shared lock (a writer holding it is refused,
+    /// and none can open it meanwhile), every record is read and validated as
+    /// [`open_with`](Self::open_with) does and the head record checked, but a torn last record
+    /// is left in place and reported in [`OpenReport::torn_tail`] (the log then ends at the
+    /// last whole record), no header is written to an empty file, no committer runs, appends
+    /// and imports are refused with [`Error::Unavailable`], and closing writes no head record.
+    /// What `vmplane admin verify` opens.
+    pub fn open_read_only(dir: impl AsRef<Path>, options: FileOptions) -> Result<FileLog> {
+        FileLog::open_mode(dir.as_ref(), options, Mode::ReadOnly)
+    }
+
+    fn open_mode(dir: &Path, options: FileOptions, mode: Mode) -> Result<FileLog> {
         let io = |context: &'static str| move |source| Error::Io { context, source };
-        std::fs::create_dir_all(dir).map_err(io("creating the log's directory"))?;
         let path = dir.join(LOG_FILE);
+        if mode == Mode::ReadOnly {
+            let file = File::open(&path).map_err(io("opening the log file to read it"))?;
+            lock_file(&file, &path, libc::LOCK_SH)?;
+            return FileLog::open_file(dir, path, file, options, mode);
+        }
+        std::fs::create_dir_all(dir).map_err(io("creating the log's directory"))?;
         let created = !path.exists();
         let file = OpenOptions::new()
             .read(true)
@@ -429,7 +478,7 @@ impl FileLog {
             .truncate(false)
             .open(&path)
             .map_err(io("opening the log file"))?;
-        lock_file(&file, &path)?;
+        lock_file(&file, &path, libc::LOCK_EX)?;
         if created
             || file
                 .metadata()
@@ -444,8 +493,40 @@ impl FileLog {
                 .and_then(|d| d.sync_all())
                 .map_err(io("syncing the log's directory"))?;
         }
+        FileLog::open_file(dir, path, file, options, mode)
+    }
+
+    /// Reads the opened, locked `file` into the indexes; see [`FileLog::open_with`] and
+    /// [`FileLog::open_read_only`].
+    fn open_file(
+        dir: &Path,
+        path: PathBuf,
+        file: File,
+        options: FileOptions,
+        mode: Mode,
+    ) -> Result<FileLog> {
+        let io = |context: &'static str| move |source| Error::Io { context, source };
         let mut index = Index::empty();
-        let (opened, torn) = record::load(&file, &mut index)?;
+        let empty = file
+            .metadata()
+            .map_err(io("reading the log file's size"))?
+            .len()
+            == 0;
+        let (mut opened, torn) = if empty && mode == Mode::ReadOnly {
+            // A file created but never given its header: a new, empty log (a writable open
+            // writes the header).
+            (
+                OpenReport {
+                    events: 0,
+                    records: 0,
+                    torn_tail_bytes: 0,
+                    torn_tail: None,
+                },
+                None,
+            )
+        } else {
+            record::load(&file, &mut index)?
+        };
         // Before anything is cut: a record the head record says was committed is never taken
         // for a torn write.
         let head_record = HeadRecord::new(dir);
@@ -463,12 +544,22 @@ impl FileLog {
             ))
         })?;
         if let Some(torn) = &torn {
-            record::cut_tail(&file, torn, opened.torn_tail_bytes)?;
-            tracing::warn!(
-                path = %path.display(),
-                bytes = opened.torn_tail_bytes,
-                "cut off a partly written last record (a commit that was never acknowledged)"
-            );
+            let cut = mode == Mode::Write;
+            if cut {
+                record::cut_tail(&file, torn, opened.torn_tail_bytes)?;
+                tracing::warn!(
+                    path = %path.display(),
+                    bytes = opened.torn_tail_bytes,
+                    "cut off a partly written last record (a commit that was never acknowledged)"
+                );
+            }
+            opened.torn_tail = Some(TornTail {
+                offset: torn.offset,
+                bytes: opened.torn_tail_bytes,
+                reason: torn.reason,
+                positions: torn.positions,
+                cut,
+            });
         }
         let room_end = file
             .metadata()
@@ -497,6 +588,17 @@ impl FileLog {
             tips,
             poisoned: OnceLock::new(),
         });
+        if mode == Mode::ReadOnly {
+            let _ = inner.poisoned.set(format!(
+                "{} was opened read-only (to verify it): appends are refused",
+                inner.path.display()
+            ));
+            return Ok(FileLog {
+                inner,
+                committer: None,
+                opened,
+            });
+        }
         let committer = {
             let inner = Arc::clone(&inner);
             std::thread::Builder::new()
@@ -889,10 +991,19 @@ impl EventLog for FileLog {
     }
 }
 
-/// Takes the file's exclusive lock, or says who holds it.
-fn lock_file(file: &File, path: &Path) -> Result<()> {
+/// How a [`FileLog`] is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// To append: creates what is missing, cuts a torn last record off, runs the committer.
+    Write,
+    /// To read and verify: changes nothing on disk ([`FileLog::open_read_only`]).
+    ReadOnly,
+}
+
+/// Takes the file's lock (`LOCK_EX` to write, `LOCK_SH` to read only), or says who holds it.
+fn lock_file(file: &File, path: &Path, how: libc::c_int) -> Result<()> {
     // SAFETY: flock on a descriptor this process owns; it changes no memory.
-    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    let locked = unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) };
     if locked == 0 {
         return Ok(());
     }

@@ -172,10 +172,12 @@ pub(super) fn read_body(file: &File, record: &RecordAt) -> Result<AlignedVec<16>
     Ok(body)
 }
 
-/// A torn last record found at open: where it starts, and why it is one.
+/// A torn last record found at open: where it starts, why it is one, and the positions its
+/// unverified bytes say it holds (when they can tell).
 pub(super) struct Torn {
     pub offset: u64,
     pub reason: &'static str,
+    pub positions: Option<(u64, u64)>,
 }
 
 /// Reads the whole file into `index`: checks the header, every record's frame and CRC, every
@@ -211,18 +213,28 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
         events: index.last_position,
         records,
         torn_tail_bytes,
+        torn_tail: None,
     };
     while offset < file_len {
         let next = index.last_position + 1;
         let left = file_len - offset;
-        let torn = |reason: &'static str| -> Result<(OpenReport, Option<Torn>)> {
-            Ok((report(index, records, left), Some(Torn { offset, reason })))
+        let torn = |reason: &'static str,
+                    positions: Option<(u64, u64)>|
+         -> Result<(OpenReport, Option<Torn>)> {
+            Ok((
+                report(index, records, left),
+                Some(Torn {
+                    offset,
+                    reason,
+                    positions,
+                }),
+            ))
         };
         if left < FRAME_BYTES as u64 {
             if zeros_to_end(file, offset, file_len)? {
                 break;
             }
-            return torn("a short frame");
+            return torn("a short frame", None);
         }
         let mut frame = [0u8; FRAME_BYTES];
         file.read_exact_at(&mut frame, offset)
@@ -241,7 +253,7 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
                 break;
             }
             if last()? {
-                return torn("a frame with no valid length");
+                return torn("a frame with no valid length", None);
             }
             return Err(Error::Corrupt {
                 position: Position(next),
@@ -251,7 +263,7 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
             });
         }
         if offset + FRAME_BYTES as u64 + u64::from(body_len) > file_len {
-            return torn("a body shorter than its frame says");
+            return torn("a body shorter than its frame says", None);
         }
         let mut body = AlignedVec::<16>::with_capacity(body_len as usize);
         body.resize(body_len as usize, 0);
@@ -259,7 +271,10 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
             .map_err(io("reading the log file"))?;
         if crc32fast::hash(&body) != crc {
             if last()? {
-                return torn("a checksum that does not match");
+                return torn(
+                    "a checksum that does not match",
+                    unverified_positions(&body, next),
+                );
             }
             return Err(Error::Corrupt {
                 position: Position(next),
@@ -290,6 +305,15 @@ pub(super) fn load(file: &File, index: &mut Index) -> Result<(OpenReport, Option
         records += 1;
     }
     Ok((report(index, records, 0), None))
+}
+
+/// The positions a record body that failed its checksum says it holds, if its batch still
+/// reads as one starting at `first_position` (a hint for a report, never trusted).
+fn unverified_positions(body: &[u8], first_position: u64) -> Option<(u64, u64)> {
+    let claim_bytes = read_u32(body, 0)? as usize;
+    let batch = body.get(batch_start(claim_bytes)..)?;
+    let view = BatchView::new(batch, first_position).ok()?;
+    Some((first_position, view.last_position()))
 }
 
 /// Whether every byte from `offset` to `end` is zero: the committer's room ahead of the
