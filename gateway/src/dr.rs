@@ -107,7 +107,6 @@ use anyhow::{Context, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
-use vmplane_core::Event;
 use vmplane_projections::projections::READ_MODEL;
 use vmplane_store::hash::{GENESIS_PREV_HASH, event_hash};
 use vmplane_store::sled_log::ImportOptions;
@@ -662,15 +661,7 @@ pub struct RestoreReport {
     pub import_time: std::time::Duration,
 }
 
-/// The system stream holding the `LogPositionVoided` events of restore `epoch`. Not an object's
-/// stream: the read models skip it.
-#[must_use]
-pub fn void_stream(epoch: &Uuid) -> String {
-    format!("system/restore/{epoch}")
-}
-
-/// The actor of the events a restore writes.
-pub const RESTORE_ACTOR: &str = "system:restore";
+pub use vmplane_projections::{RESTORE_ACTOR, void_stream};
 
 /// An exclusive claim on restoring into one data directory, held from the first check to the
 /// final rename: an advisory lock (`flock`) on `.NAME.restore-lock` beside it. The kernel drops
@@ -1153,47 +1144,7 @@ fn read_header(path: &Path) -> anyhow::Result<Header> {
     serde_json::from_slice(&body).context("the header is damaged")
 }
 
-/// The `LogPositionVoided` event standing at `original`'s position in a log cut at `cut`.
-fn void_event(
-    original: &RecordedEvent,
-    epoch: Uuid,
-    cut: u64,
-    revision: u64,
-    recorded_at: Timestamp,
-    prev_hash: [u8; 32],
-) -> RecordedEvent {
-    let payload = vmplane_core::encode(&Event::LogPositionVoided(
-        vmplane_core::event::LogPositionVoided {
-            restore_epoch: epoch,
-            cut_position: cut,
-            voided_position: original.position.0,
-            original_id: original.id,
-            original_hash: original.hash,
-            original_stream: original.stream.clone(),
-            original_event_type: original.event_type.clone(),
-            original_schema_version: original.schema_version,
-            original_actor: original.actor.clone(),
-            original_recorded_at_unix_nanos: original.recorded_at.0,
-        },
-    ));
-    let mut event = RecordedEvent {
-        position: original.position,
-        stream: void_stream(&epoch),
-        revision,
-        id: Uuid::now_v7(),
-        recorded_at,
-        actor: RESTORE_ACTOR.into(),
-        correlation_id: epoch,
-        causation_id: None,
-        event_type: payload.type_name.into(),
-        schema_version: payload.version,
-        payload: payload.bytes,
-        prev_hash,
-        hash: [0; 32],
-    };
-    event.hash = event_hash(&event.as_ref());
-    event
-}
+use vmplane_projections::void_event;
 
 /// What feeding a backup to an importer did.
 struct Fed {
@@ -1767,26 +1718,7 @@ fn check_checkpoint(log: &dyn EventLog, path: &Path) -> Result<Option<u64>, Stri
     else {
         return Ok(None);
     };
-    if loaded.position != loaded.body.applied {
-        return Err("header and body disagree on the position".into());
-    }
-    if loaded.position > 0 {
-        let event = log
-            .read_event(Position(loaded.position))
-            .map_err(|e| format!("reading the log at {}: {e}", loaded.position))?
-            .ok_or_else(|| {
-                format!(
-                    "the log ends before the checkpoint's position {}",
-                    loaded.position
-                )
-            })?;
-        if event.hash != loaded.event_hash {
-            return Err(format!(
-                "the log's event at {} is not the one the checkpoint applied",
-                loaded.position
-            ));
-        }
-    }
+    loaded.check_against(log, loaded.body.applied)?;
     Ok(Some(loaded.position))
 }
 

@@ -255,6 +255,39 @@ pub struct Loaded<T> {
     pub body: T,
 }
 
+impl<T> Loaded<T> {
+    /// Whether this checkpoint fits `log`: its body applied `applied` (what the header says,
+    /// else the file is inconsistent) and the log holds, at its position, the event it applied
+    /// (same hash). `Err(reason)`: why it is discarded (`serve` rebuilds, `verify` fails).
+    pub fn check_against(
+        &self,
+        log: &dyn vmplane_store::EventLog,
+        applied: u64,
+    ) -> std::result::Result<(), String> {
+        if self.position != applied {
+            return Err("header and body disagree on the position".into());
+        }
+        if self.position > 0 {
+            let event = log
+                .read_event(vmplane_store::Position(self.position))
+                .map_err(|e| format!("reading the log at {}: {e}", self.position))?
+                .ok_or_else(|| {
+                    format!(
+                        "the log ends before the checkpoint's position {}",
+                        self.position
+                    )
+                })?;
+            if event.hash != self.event_hash {
+                return Err(format!(
+                    "the log's event at {} is not the one the checkpoint applied",
+                    self.position
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Reads the checkpoint at `path`. `Ok(None)` when there is none; `Err(reason)` when there is
 /// one that this code cannot use (the caller logs it and rebuilds).
 pub fn read<T: for<'de> Deserialize<'de>>(

@@ -92,6 +92,6 @@ pub use model::{AggState, Snapshot};
 pub use projections::{
     At, ListPage, ListResult, ObjectRef, PageEnd, ProjectionOptions, Projections,
 };
-pub use readmodel::RevisionRef;
+pub use readmodel::{RESTORE_ACTOR, RevisionRef, void_event, void_stream};
 pub use render::{ObjectJson, ObjectView, Rendered};
 pub use watch::{Watch, WatchEvent, WatchFilter};

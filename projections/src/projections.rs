@@ -1380,26 +1380,7 @@ fn load_checkpoint(
     let Some(loaded) = checkpoint::read::<ModelData>(path, READ_MODEL)? else {
         return Ok(None);
     };
-    if loaded.position != loaded.body.applied {
-        return Err("header and body disagree on the position".into());
-    }
-    if loaded.position > 0 {
-        let event = log
-            .read_event(Position(loaded.position))
-            .map_err(|e| format!("reading the log at {}: {e}", loaded.position))?
-            .ok_or_else(|| {
-                format!(
-                    "the log ends before the checkpoint's position {}",
-                    loaded.position
-                )
-            })?;
-        if event.hash != loaded.event_hash {
-            return Err(format!(
-                "the log's event at {} is not the one the checkpoint applied",
-                loaded.position
-            ));
-        }
-    }
+    loaded.check_against(log, loaded.body.applied)?;
     ReadModel::from_data(loaded.body)
         .map(Some)
         .map_err(|e| e.to_string())

@@ -15,7 +15,8 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 use vmplane_core::types::Kind;
 use vmplane_core::{Event, VmState};
-use vmplane_store::{EventLog, Position, RecordedEventRef, ShardedMap};
+use vmplane_store::hash::event_hash;
+use vmplane_store::{EventLog, Position, RecordedEvent, RecordedEventRef, ShardedMap, Timestamp};
 
 use crate::cache::StateCache;
 use crate::chunked::ChunkedVec;
@@ -311,6 +312,60 @@ impl Ord for NameKey {
     fn cmp(&self, other: &NameKey) -> std::cmp::Ordering {
         self.parts().cmp(&other.parts())
     }
+}
+
+/// The system stream holding the `LogPositionVoided` events of restore `epoch`. Not an object's
+/// stream: the read models skip it.
+#[must_use]
+pub fn void_stream(epoch: &Uuid) -> String {
+    format!("system/restore/{epoch}")
+}
+
+/// The actor of the events a restore writes.
+pub const RESTORE_ACTOR: &str = "system:restore";
+
+/// The `LogPositionVoided` event standing at `original`'s position in a log cut at `cut`, the
+/// `revision`-th of restore `epoch`'s stream, chained after `prev_hash`: what a point-in-time
+/// restore writes in place of every position after its cut.
+pub fn void_event(
+    original: &RecordedEvent,
+    epoch: Uuid,
+    cut: u64,
+    revision: u64,
+    recorded_at: Timestamp,
+    prev_hash: [u8; 32],
+) -> RecordedEvent {
+    let payload = vmplane_core::encode(&Event::LogPositionVoided(
+        vmplane_core::event::LogPositionVoided {
+            restore_epoch: epoch,
+            cut_position: cut,
+            voided_position: original.position.0,
+            original_id: original.id,
+            original_hash: original.hash,
+            original_stream: original.stream.clone(),
+            original_event_type: original.event_type.clone(),
+            original_schema_version: original.schema_version,
+            original_actor: original.actor.clone(),
+            original_recorded_at_unix_nanos: original.recorded_at.0,
+        },
+    ));
+    let mut event = RecordedEvent {
+        position: original.position,
+        stream: void_stream(&epoch),
+        revision,
+        id: Uuid::now_v7(),
+        recorded_at,
+        actor: RESTORE_ACTOR.into(),
+        correlation_id: epoch,
+        causation_id: None,
+        event_type: payload.type_name.into(),
+        schema_version: payload.version,
+        payload: payload.bytes,
+        prev_hash,
+        hash: [0; 32],
+    };
+    event.hash = event_hash(&event.as_ref());
+    event
 }
 
 /// Positions a point-in-time restore voided: a run of consecutive `LogPositionVoided` events

@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use common::{env, meta, vm};
 use uuid::Uuid;
+use vmplane_core::VmCommand;
 use vmplane_core::types::{Kind, Manifest};
-use vmplane_core::{Event, VmCommand};
 use vmplane_projections::projections::VoidedRange;
 use vmplane_projections::{
     AuditQuery, Command, CommandHandler, CommandOptions, ListPage, ProjectionOptions, Projections,
     WatchFilter,
 };
-use vmplane_store::hash::{GENESIS_PREV_HASH, event_hash};
+use vmplane_store::hash::GENESIS_PREV_HASH;
 use vmplane_store::sled_log::ImportOptions;
 use vmplane_store::{EventLog, FileLog, Position, RecordedEvent, SledLog, Timestamp};
 
@@ -43,49 +43,6 @@ fn original() -> (Vec<RecordedEvent>, u64) {
     (events, cut)
 }
 
-/// The `LogPositionVoided` event standing at `original`'s position, as the gateway's restore
-/// makes it (`dr::void_event`).
-fn void_event(
-    original: &RecordedEvent,
-    epoch: Uuid,
-    cut: u64,
-    revision: u64,
-    recorded_at: Timestamp,
-    prev_hash: [u8; 32],
-) -> RecordedEvent {
-    let payload = vmplane_core::encode(&Event::LogPositionVoided(
-        vmplane_core::event::LogPositionVoided {
-            restore_epoch: epoch,
-            cut_position: cut,
-            voided_position: original.position.0,
-            original_id: original.id,
-            original_hash: original.hash,
-            original_stream: original.stream.clone(),
-            original_event_type: original.event_type.clone(),
-            original_schema_version: original.schema_version,
-            original_actor: original.actor.clone(),
-            original_recorded_at_unix_nanos: original.recorded_at.0,
-        },
-    ));
-    let mut event = RecordedEvent {
-        position: original.position,
-        stream: format!("system/restore/{epoch}"),
-        revision,
-        id: Uuid::now_v7(),
-        recorded_at,
-        actor: "system:restore".into(),
-        correlation_id: epoch,
-        causation_id: None,
-        event_type: payload.type_name.into(),
-        schema_version: payload.version,
-        payload: payload.bytes,
-        prev_hash,
-        hash: [0; 32],
-    };
-    event.hash = event_hash(&event.as_ref());
-    event
-}
-
 /// What a restore of `events` cut at `cut` imports: the events up to the cut as they are, then
 /// one void event per position after it, recorded at `restored_at`.
 fn restored(
@@ -102,7 +59,7 @@ fn restored(
             e.clone()
         } else {
             voided += 1;
-            void_event(e, epoch, cut, voided, restored_at, prev)
+            vmplane_projections::void_event(e, epoch, cut, voided, restored_at, prev)
         };
         prev = e.hash;
         out.push(e);
