@@ -341,6 +341,25 @@ fn register_exit_cleanup(pid: Option<u32>, dir: PathBuf) {
     SHARED.lock().expect("shared lock").push((pid, dir));
 }
 
+/// A small VM manifest named `name` (runStrategy Manual) with `memory` of guest memory, for
+/// tests that only need some VM to exist.
+pub fn vm_manifest(name: &str, memory: &str) -> String {
+    format!(
+        "apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: Manual
+  template:
+    spec:
+      domain:
+        memory:
+          guest: {memory}
+"
+    )
+}
+
 /// The repository's root (holds `examples/`).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -461,6 +480,13 @@ impl Cli {
             "vmplane {args:?} succeeded but should have failed\nstdout:\n{out}\nstderr:\n{err}"
         );
         one_error_line(&err)
+    }
+
+    /// `vmplane apply -n NS -f -` of `manifest`, which must succeed.
+    #[track_caller]
+    pub fn apply_in(&self, ns: &str, manifest: &str) {
+        let (code, out, err) = self.run_with_stdin(&["apply", "-n", ns, "-f", "-"], manifest);
+        assert_eq!(code, 0, "apply failed: {out}\n{err}");
     }
 
     /// Starts a long-running command (`watch`) with its standard output piped.

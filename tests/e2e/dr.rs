@@ -31,25 +31,11 @@ fn stable(mut v: Value) -> Value {
 }
 
 fn vm(name: &str, memory: &str) -> String {
-    format!(
-        "apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-spec:
-  runStrategy: Manual
-  template:
-    spec:
-      domain:
-        memory:
-          guest: {memory}
-"
-    )
+    vmplane_tests::vm_manifest(name, memory)
 }
 
 fn apply(cli: &Cli, ns: &str, manifest: &str) {
-    let (code, out, err) = cli.run_with_stdin(&["apply", "-n", ns, "-f", "-"], manifest);
-    assert_eq!(code, 0, "apply failed: {out}\n{err}");
+    cli.apply_in(ns, manifest);
 }
 
 /// Everything a client can see that must survive a restore.

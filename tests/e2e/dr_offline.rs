@@ -13,25 +13,11 @@ use vmplane_gateway::pb;
 use vmplane_tests::{Cli, Server, run_cli};
 
 fn vm(name: &str, memory: &str) -> String {
-    format!(
-        "apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-spec:
-  runStrategy: Manual
-  template:
-    spec:
-      domain:
-        memory:
-          guest: {memory}
-"
-    )
+    vmplane_tests::vm_manifest(name, memory)
 }
 
 fn apply(cli: &Cli, manifest: &str) {
-    let (code, out, err) = cli.run_with_stdin(&["apply", "-n", "dr-offline", "-f", "-"], manifest);
-    assert_eq!(code, 0, "apply failed: {out}\n{err}");
+    cli.apply_in("dr-offline", manifest);
 }
 
 fn admin(args: &[&str]) -> (i32, String, String) {

@@ -26,25 +26,11 @@ fn json(text: &str) -> Value {
 }
 
 fn vm(name: &str) -> String {
-    format!(
-        "apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-spec:
-  runStrategy: Manual
-  template:
-    spec:
-      domain:
-        memory:
-          guest: 128Mi
-"
-    )
+    vmplane_tests::vm_manifest(name, "128Mi")
 }
 
 fn apply(cli: &Cli, ns: &str, manifest: &str) {
-    let (code, out, err) = cli.run_with_stdin(&["apply", "-n", ns, "-f", "-"], manifest);
-    assert_eq!(code, 0, "apply failed: {out}\n{err}");
+    cli.apply_in(ns, manifest);
 }
 
 /// The resourceVersion of the list `args` (a `get ... -o json`).
