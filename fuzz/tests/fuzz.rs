@@ -320,6 +320,7 @@ fn domain(input: &DomainInput) -> DomainSpec {
             vmi_uid: uuid::Uuid::from_u128(0x5678),
             labels: labels.iter().cloned().collect(),
         },
+        node_selector: Default::default(),
     }
 }
 
