@@ -709,7 +709,8 @@ pub struct GetArgs {
     /// List across all namespaces.
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
-    /// The object as it was at this revision (generation) of its stream.
+    /// The object as it was at revision N of its stream: a row of `vmplane history` (not its
+    /// generation: a start request or an observed VMI phase is a revision too).
     #[arg(long, value_name = "N", conflicts_with_all = ["at_position", "as_of"], requires = "name")]
     pub revision: Option<u64>,
     /// The object (or the list) as it was when the log's head was at this position.

@@ -490,7 +490,7 @@ impl CommandHandler {
                 attempts,
             }),
             Err(vmplane_store::Error::ClaimTaken { key, holder, .. }) => {
-                Err(claim_taken(&key, &holder))
+                Err(claim_taken(&key, &holder, stream))
             }
             Err(vmplane_store::Error::EventIdReused { position, .. })
                 if meta.request_id.is_some() =>
@@ -644,7 +644,7 @@ impl CommandHandler {
         }
         let holder = |key: &str| holders.get(key).cloned().flatten();
         if let Err((key, holder)) = vmplane_store::log::decide_claims(&claims, &holder) {
-            return Err(claim_taken(&key, &holder));
+            return Err(claim_taken(&key, &holder, &command.stream()));
         }
         Ok((snapshot, decision))
     }
@@ -1122,10 +1122,18 @@ pub fn store_claim(claim: vmplane_core::Claim) -> vmplane_store::Claim {
     }
 }
 
-/// The rejection of a decision whose claim `key` is held by stream `holder`.
-fn claim_taken(key: &str, holder: &str) -> CommandError {
+/// The rejection of a decision of stream `claimant` whose claim `key` is held by stream
+/// `holder`, naming the claimant's own field (a standalone VMI's UUID is at
+/// `spec.domain.firmware.uuid`, a VM's under its template).
+fn claim_taken(key: &str, holder: &str, claimant: &str) -> CommandError {
     let uuid = key.strip_prefix("firmware-uuid/").unwrap_or(key);
-    Rejection::firmware_uuid_taken(uuid, holder).into()
+    let mut rejection = Rejection::firmware_uuid_taken(uuid, holder);
+    if claimant.starts_with("vmi/") {
+        for cause in &mut rejection.causes {
+            cause.field = "spec.domain.firmware.uuid".to_owned();
+        }
+    }
+    rejection.into()
 }
 
 fn to_request(

@@ -1149,6 +1149,43 @@ fn retries_stop_at_decide_retries_max() {
 }
 
 #[test]
+fn a_standalone_vmi_refused_a_firmware_uuid_a_vm_holds_is_told_its_own_field() {
+    let env = env();
+    let uuid = "6a1f0000-1111-4222-8333-444455556678";
+    env.run(
+        "alice",
+        Command::Vm {
+            namespace: "default".into(),
+            name: "holder".into(),
+            command: VmCommand::Apply(put(vm_with("default", "holder", "128Mi", Some(uuid)))),
+        },
+    );
+    let vmi = |_: ()| {
+        Command::apply(
+            vmplane_core::types::parse_manifest(
+                format!(
+                    "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: loner, namespace: default}}\nspec:\n  domain:\n    memory: {{guest: 64Mi}}\n    devices: {{}}\n    firmware: {{uuid: {uuid}}}\n"
+                )
+                .as_bytes(),
+            )
+            .expect("a VMI manifest"),
+        )
+    };
+    for refused in [
+        env.commands.dry_run(vmi(())).err(),
+        env.commands.execute(&meta("alice"), vmi(())).err(),
+    ] {
+        match refused {
+            Some(CommandError::Rejected(r)) => {
+                assert!(r.has_code(codes::FIRMWARE_UUID_TAKEN), "{r}");
+                assert_eq!(r.causes[0].field, "spec.domain.firmware.uuid", "{r}");
+            }
+            other => panic!("expected the firmware UUID refused, got {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn a_dry_run_is_refused_what_the_append_would_refuse_a_firmware_uuid_another_vm_holds() {
     let env = env();
     let uuid = "6a1f0000-1111-4222-8333-444455556677";
