@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use vmplane_gateway::pb::{self, watch_client::WatchClient};
+use vmplane_gateway::pb;
 use vmplane_store::{AppendRequest, EventLog, ExpectedRevision, ProposedEvent};
 use vmplane_tests::{Cli, Server, run_cli};
 
@@ -320,24 +320,9 @@ async fn open_watch(
     server: &Server,
     from: u64,
 ) -> Result<tonic::Streaming<pb::WatchEvent>, tonic::Status> {
-    WatchClient::new(crate::channel(server).await)
-        .watch(pb::WatchRequest {
-            kind: String::new(),
-            namespace: String::new(),
-            all_namespaces: true,
-            from_position: Some(from),
-        })
+    crate::watch_all(server, None, Some(from))
         .await
         .map(tonic::Response::into_inner)
-}
-
-/// The next event of `stream`, within 30 s.
-async fn next_event(stream: &mut tonic::Streaming<pb::WatchEvent>) -> pb::WatchEvent {
-    tokio::time::timeout(Duration::from_secs(30), stream.message())
-        .await
-        .expect("the watch delivered nothing within 30 s")
-        .expect("watch stream")
-        .expect("the watch ended")
 }
 
 /// `admin verify`'s line without the restore marker (which names each restore's own epoch).
@@ -371,7 +356,7 @@ fn a_point_in_time_restore_never_hands_out_a_position_a_watcher_saw() {
     // with its connections before the server is asked to stop.)
     let x = crate::rt().block_on(async {
         let mut stream = open_watch(&server, p).await.expect("watch");
-        next_event(&mut stream).await.position
+        crate::next_event(&mut stream).await.position
     });
     assert!(x > p && x <= l, "p {p}, x {x}, l {l}");
     Cli::new(&server).ok(&["admin", "backup", "--out", backup.to_str().unwrap()]);
@@ -435,7 +420,7 @@ fn a_point_in_time_restore_never_hands_out_a_position_a_watcher_saw() {
     // server handed out.
     let mut resumed = rt.block_on(open_watch(&server, p)).expect("a watch from P");
     apply(&cli, ns, &vm("w-d", "128Mi"));
-    let next = rt.block_on(next_event(&mut resumed));
+    let next = rt.block_on(crate::next_event(&mut resumed));
     assert_eq!(next.position, l + 1, "{next:?}");
     assert_eq!(next.name, "w-d");
     assert_eq!(head_of(&cli, ns), l + 1);

@@ -54,3 +54,38 @@ pub async fn channel(server: &Server) -> tonic::transport::Channel {
         .await
         .expect("connect to vmplane")
 }
+
+/// A watch of every namespace after `from` (`None`: from the head), as `token`'s principal when
+/// given, with its response's metadata.
+pub async fn watch_all(
+    server: &Server,
+    token: Option<&str>,
+    from: Option<u64>,
+) -> Result<tonic::Response<tonic::Streaming<vmplane_gateway::pb::WatchEvent>>, tonic::Status> {
+    let mut request = tonic::Request::new(vmplane_gateway::pb::WatchRequest {
+        kind: String::new(),
+        namespace: String::new(),
+        all_namespaces: true,
+        from_position: from,
+    });
+    if let Some(token) = token {
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+    }
+    vmplane_gateway::pb::watch_client::WatchClient::new(channel(server).await)
+        .watch(request)
+        .await
+}
+
+/// The next event of `stream`, within 30 s.
+pub async fn next_event(
+    stream: &mut tonic::Streaming<vmplane_gateway::pb::WatchEvent>,
+) -> vmplane_gateway::pb::WatchEvent {
+    tokio::time::timeout(std::time::Duration::from_secs(30), stream.message())
+        .await
+        .expect("the watch delivered nothing within 30 s")
+        .expect("watch stream")
+        .expect("the watch ended")
+}

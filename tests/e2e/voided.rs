@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
-use vmplane_gateway::pb::{self, watch_client::WatchClient};
+use vmplane_gateway::pb;
 use vmplane_tests::{AuthToken, Cli, Server, run_cli, write_auth_file};
 
 const NS: &str = "voided";
@@ -116,38 +116,6 @@ fn restore_cut(data: &Path, backend: &str) -> String {
     marker["epoch"].as_str().expect("epoch").to_owned()
 }
 
-/// A watch of every namespace after `from`, with its response's metadata.
-async fn open_watch(
-    server: &Server,
-    token: Option<&str>,
-    from: Option<u64>,
-) -> Result<tonic::Response<tonic::Streaming<pb::WatchEvent>>, tonic::Status> {
-    let mut request = tonic::Request::new(pb::WatchRequest {
-        kind: String::new(),
-        namespace: String::new(),
-        all_namespaces: true,
-        from_position: from,
-    });
-    if let Some(token) = token {
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {token}").parse().expect("header"),
-        );
-    }
-    WatchClient::new(crate::channel(server).await)
-        .watch(request)
-        .await
-}
-
-/// The next event of `stream`, within 30 s.
-async fn next_event(stream: &mut tonic::Streaming<pb::WatchEvent>) -> pb::WatchEvent {
-    tokio::time::timeout(Duration::from_secs(30), stream.message())
-        .await
-        .expect("the watch delivered nothing within 30 s")
-        .expect("watch stream")
-        .expect("the watch ended")
-}
-
 /// Asserts `err` is the refusal of a position or time the restore `epoch` voided.
 #[track_caller]
 fn assert_gone(message: &str, epoch: &str) {
@@ -191,7 +159,7 @@ fn a_list_after_a_point_in_time_restore_reads_at_a_position_its_watch_accepts() 
                     o.cut + 1,
                     o.last
                 );
-                rt.block_on(open_watch(&server, None, Some(version)))
+                rt.block_on(crate::watch_all(&server, None, Some(version)))
                     .unwrap_or_else(|e| {
                         panic!("{backend}, {round}: a watch from {list:?}'s {version}: {e:?}")
                     });
@@ -199,7 +167,7 @@ fn a_list_after_a_point_in_time_restore_reads_at_a_position_its_watch_accepts() 
             // The original server's positions after the cut are still gone.
             for gone in o.cut + 1..=o.last {
                 let err = rt
-                    .block_on(open_watch(&server, None, Some(gone)))
+                    .block_on(crate::watch_all(&server, None, Some(gone)))
                     .err()
                     .unwrap_or_else(|| panic!("{backend}: a watch from voided {gone} accepted"));
                 assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
@@ -216,11 +184,11 @@ fn a_list_after_a_point_in_time_restore_reads_at_a_position_its_watch_accepts() 
         let rt = crate::rt();
         let version = list_version(&cli, &["get", "vms", "-n", NS, "-o", "json"]);
         let mut watch = rt
-            .block_on(open_watch(&server, None, Some(version)))
+            .block_on(crate::watch_all(&server, None, Some(version)))
             .expect("watch from the list's position")
             .into_inner();
         apply(&cli, NS, &vm("c"));
-        let next = rt.block_on(next_event(&mut watch));
+        let next = rt.block_on(crate::next_event(&mut watch));
         assert_eq!(
             (next.position, next.name.as_str()),
             (o.last + 1, "c"),
@@ -419,7 +387,7 @@ fn the_cut_is_one_audit_entry_every_reader_sees_and_a_watch_across_it_is_told() 
     let rt = crate::rt();
     for (from, told) in [(Some(o.cut), true), (Some(1), true), (None, false)] {
         let response = rt
-            .block_on(open_watch(&server, Some(VERA), from))
+            .block_on(crate::watch_all(&server, Some(VERA), from))
             .unwrap_or_else(|e| panic!("watch from {from:?}: {e:?}"));
         let notice = response
             .metadata()
