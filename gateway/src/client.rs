@@ -499,7 +499,9 @@ pub async fn apply(
     // A dry run's instancetypes and preferences that this input would create (they do not
     // exist yet): a VM referring to one cannot be checked against it.
     let mut would_create = WouldCreate::default();
-    for unit in units {
+    let mut unsent = 0;
+    let mut units = units.into_iter();
+    while let Some(unit) = units.next() {
         let doc = unit.json();
         // Over the manifest limit: refused here, named, as the server would refuse it (past
         // the request limit the server could only say the message was too long).
@@ -575,8 +577,13 @@ pub async fn apply(
                 let about = (status.code() == tonic::Code::Aborted)
                     .then(|| about_manifest(&unit, &g.namespace))
                     .flatten();
+                let stop = unreachable(&status);
                 let status = located(status, &unit, &g.namespace);
                 failures.push(status_error_about(status, about.as_ref()));
+                if stop {
+                    unsent = units.len();
+                    break;
+                }
             }
         }
     }
@@ -585,7 +592,7 @@ pub async fn apply(
         [one] if total == 1 => print::object(&mut out, g.output, one)?,
         all => print::list(&mut out, g.output, all, written_at)?,
     }
-    outcome(failures, total, "applied")
+    outcome(failures, unsent, total, "applied")
 }
 
 /// The instancetypes and preferences a dry run found it would create, with their places in
@@ -740,18 +747,38 @@ fn written_view(format: Option<Output>) -> i32 {
 }
 
 /// The end of a command over the objects of `-f`: one failure is the command's one error
-/// line; several get a line each, then a count of the `total` not `done`.
-fn outcome(mut failures: Vec<anyhow::Error>, total: usize, done: &str) -> anyhow::Result<()> {
-    match failures.len() {
-        0 => Ok(()),
-        1 => Err(failures.remove(0)),
-        n => {
-            for failure in &failures {
-                eprintln!("vmplane: error: {failure:#}");
-            }
-            bail!("{n} of {total} objects not {done}")
-        }
+/// line; several get a line each, then a count of the `total` not `done`. The loop stops at
+/// the first [`unreachable`] answer, since every later object would fail the same way, one
+/// line each: `unsent` counts those it did not send.
+fn outcome(
+    mut failures: Vec<anyhow::Error>,
+    unsent: usize,
+    total: usize,
+    done: &str,
+) -> anyhow::Result<()> {
+    let not_done = failures.len() + unsent;
+    if unsent == 0 && not_done == 1 {
+        return Err(failures.remove(0));
     }
+    if not_done == 0 {
+        return Ok(());
+    }
+    for failure in &failures {
+        eprintln!("vmplane: error: {failure:#}");
+    }
+    if unsent > 0 {
+        bail!(
+            "{not_done} of {total} objects not {done}: the server could not be reached, so \
+             the last {unsent} were not sent"
+        )
+    }
+    bail!("{not_done} of {total} objects not {done}")
+}
+
+/// An answer that says the server could not be reached (or is going away): a loop over many
+/// objects stops sending at it.
+fn unreachable(status: &Status) -> bool {
+    status.code() == tonic::Code::Unavailable
 }
 
 fn point_in_time(a: &GetArgs) -> Option<pb::PointInTime> {
@@ -933,7 +960,9 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
         total,
         mut failures,
     } = objects_of(g, &a.file, a.recursive)?;
-    for unit in units {
+    let mut unsent = 0;
+    let mut units = units.into_iter();
+    while let Some(unit) = units.next() {
         let text = |pointer: &str| {
             unit.value
                 .pointer(pointer)
@@ -955,13 +984,20 @@ pub async fn delete(c: &mut Clients, g: &GlobalArgs, a: &DeleteArgs) -> anyhow::
         match delete_one(c, a, &target).await {
             Ok(true) => said_deleted(&mut out, g, &target, false)?,
             Ok(false) => {}
-            Err(status) => failures.push(status_error_about(
-                located(status, &unit, &g.namespace),
-                Some(&target.about()),
-            )),
+            Err(status) => {
+                let stop = unreachable(&status);
+                failures.push(status_error_about(
+                    located(status, &unit, &g.namespace),
+                    Some(&target.about()),
+                ));
+                if stop {
+                    unsent = units.len();
+                    break;
+                }
+            }
         }
     }
-    outcome(failures, total, "deleted")
+    outcome(failures, unsent, total, "deleted")
 }
 
 /// `delete KIND -l SELECTOR`: every object of the kind in the namespace whose labels match,
@@ -1001,7 +1037,9 @@ async fn delete_selected(
         ignore_not_found: true,
         ..a.clone()
     };
-    for item in &listed.items {
+    let mut unsent = 0;
+    let mut items = listed.items.iter();
+    while let Some(item) = items.next() {
         let target = Target {
             kind,
             namespace: &item.namespace,
@@ -1010,10 +1048,17 @@ async fn delete_selected(
         match delete_one(c, &tolerant, &target).await {
             Ok(true) => said_deleted(out, g, &target, a.all_namespaces)?,
             Ok(false) => {}
-            Err(status) => failures.push(status_error_about(status, Some(&target.about()))),
+            Err(status) => {
+                let stop = unreachable(&status);
+                failures.push(status_error_about(status, Some(&target.about())));
+                if stop {
+                    unsent = items.len();
+                    break;
+                }
+            }
         }
     }
-    outcome(failures, total, "deleted")
+    outcome(failures, unsent, total, "deleted")
 }
 
 /// The object a `delete` is about.

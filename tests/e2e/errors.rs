@@ -1134,3 +1134,61 @@ fn a_lifecycle_hint_never_suggests_a_command_the_run_strategy_refuses() {
         }
     }
 }
+
+/// A server that dies in the middle of `apply -f` (or `delete -f`) of many objects: the CLI
+/// stops at the first failure to reach it, says so once, and counts what it did not send,
+/// instead of one error line per remaining object.
+#[test]
+fn a_server_dying_mid_apply_or_delete_stops_the_cli_with_one_error_and_a_count_of_what_was_not_sent()
+ {
+    for (verb, done) in [("apply", "applied"), ("delete", "deleted")] {
+        server_dies_mid(verb, done);
+    }
+}
+
+fn server_dies_mid(verb: &str, done: &str) {
+    use std::io::{BufRead, BufReader};
+    const OBJECTS: usize = 600;
+    const BEFORE_DEATH: usize = 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = vmplane_tests::Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
+    let file = dir.path().join("many.yaml");
+    let docs: Vec<String> = (0..OBJECTS)
+        .map(|i| vm_manifest(&format!("many-{i}"), &[]))
+        .collect();
+    std::fs::write(&file, docs.join("\n---\n")).expect("write manifests");
+    let file = file.to_str().expect("utf-8 path");
+    let vmplane = Cli::new(&server);
+    if verb == "delete" {
+        vmplane.ok(&["apply", "-n", "dying", "-f", file]);
+    }
+    let mut child = vmplane.spawn(&[verb, "-n", "dying", "-f", file]);
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    // The server lives until the CLI has printed some of its answers.
+    for _ in 0..BEFORE_DEATH {
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read stdout");
+        assert!(line.contains("many-"), "{verb}: {line:?}");
+    }
+    drop(server);
+    let printed = BEFORE_DEATH + stdout.lines().count();
+    let output = child.wait_with_output().expect("wait for vmplane");
+    assert_ne!(output.status.code(), Some(0), "{verb}");
+    let err = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{verb}: one failure, then the count: {err}");
+    assert!(
+        lines[0].starts_with("vmplane: error: server unavailable: "),
+        "{verb}: {err}"
+    );
+    let not_done = lines[1]
+        .strip_prefix("vmplane: error: ")
+        .and_then(|rest| rest.split_once(&format!(" of {OBJECTS} objects not {done}: ")))
+        .map(|(n, _)| n.parse::<usize>().expect("a count"))
+        .unwrap_or_else(|| panic!("{verb}: no count: {err}"));
+    assert_eq!(not_done + printed, OBJECTS, "{verb}: {err}");
+    assert!(
+        lines[1].ends_with(&format!("so the last {} were not sent", not_done - 1)),
+        "{verb}: {err}"
+    );
+}
