@@ -1399,17 +1399,13 @@ impl pb::history_server::History for Api {
         } else {
             (r.limit as usize).min(AUDIT_ENTRIES_MAX)
         };
-        // Which namespaces: one (checked), or every readable one (None = all, for admins).
-        let (namespace, readable) = if r.all_namespaces {
-            (None, p.readable_namespaces())
-        } else {
-            let ns = namespace_in("namespace", &r.namespace)?;
-            record_object(&format!("audit {ns}"));
-            if !p.may(Access::Read, Some(&ns)) {
-                return Err(denied(&p, Access::Read, "the audit", Some(&ns)));
-            }
-            (Some(ns), None)
-        };
+        let (namespace, readable) = event_scope(
+            &p,
+            kind,
+            r.all_namespaces,
+            &r.namespace,
+            ("audit", "the audit"),
+        )?;
         let projections = self.projections.clone();
         blocking(move || {
             let query = vmplane_projections::history::AuditQuery {
@@ -1657,6 +1653,33 @@ async fn deliver(
     }
 }
 
+/// The namespaces a query of events (`audit`, `watch`) covers, as (namespace, readable): one
+/// namespace, checked; or every namespace (`None`), of which a principal that is not an admin
+/// sees the ones in `readable` and the cluster-scoped events. A cluster-scoped kind's events
+/// are in no namespace, and every principal may read them: asked for by kind, they are found
+/// whatever the namespace, as `list` finds the kind's objects. `what` is (the request, for the
+/// trace; what a refusal says was refused).
+fn event_scope(
+    p: &Principal,
+    kind: Option<Kind>,
+    all_namespaces: bool,
+    namespace: &str,
+    what: (&str, &str),
+) -> Result<(Option<String>, Option<Vec<String>>), Status> {
+    if kind.is_some_and(Kind::cluster_wide) {
+        return Ok((None, None));
+    }
+    if all_namespaces {
+        return Ok((None, p.readable_namespaces()));
+    }
+    let ns = namespace_in("namespace", namespace)?;
+    record_object(&format!("{} {ns}", what.0));
+    if !p.may(Access::Read, Some(&ns)) {
+        return Err(denied(p, Access::Read, what.1, Some(&ns)));
+    }
+    Ok((Some(ns), None))
+}
+
 /// The next events of `watch` already in the log (at most 256; none if all it read were
 /// filtered out), as its principal may see them: an event of a namespace outside `readable`
 /// is left out, and a KubeVirt entry is named.
@@ -1743,16 +1766,13 @@ impl pb::watch_server::Watch for Api {
         } else {
             Some(parse_kind("kind", &r.kind)?)
         };
-        let (namespace, readable) = if r.all_namespaces {
-            (None, p.readable_namespaces())
-        } else {
-            let ns = namespace_in("namespace", &r.namespace)?;
-            record_object(&format!("watch {ns}"));
-            if !p.may(Access::Read, Some(&ns)) {
-                return Err(denied(&p, Access::Read, "the events", Some(&ns)));
-            }
-            (Some(ns), None)
-        };
+        let (namespace, readable) = event_scope(
+            &p,
+            kind,
+            r.all_namespaces,
+            &r.namespace,
+            ("watch", "the events"),
+        )?;
         let after = match r.from_position {
             Some(p) => {
                 let log = Arc::clone(&self.log);

@@ -429,8 +429,10 @@ Examples:
         after_help = "With -o json: one JSON object a line. Each event is shown as the kind
 it is about, except that `watch vms` also delivers the VMI events of a VM's stream as changes
 of the VM (kind VirtualMachine), since they change its status and resourceVersion;
-`watch` and `watch vmis` show them as VirtualMachineInstance. A --from-position past the log's
-head is refused (after up to 3 s for the head to reach it), naming the head.
+`watch` and `watch vmis` show them as VirtualMachineInstance. A cluster-scoped kind (kubevirt,
+clusterinstancetype, clusterpreference) is in no namespace: its events are shown whatever -n
+says, without -A. A --from-position past the log's head is refused (after up to 3 s for the
+head to reach it), naming the head.
 
 Examples:
   vmplane watch vms

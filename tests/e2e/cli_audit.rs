@@ -1,7 +1,9 @@
-//! `audit --kind` of a cluster-scoped kind (the cluster config, cluster instancetypes and
-//! preferences): their entries are in no namespace, so the CLI asks for them across
-//! namespaces without `-A`, and every principal sees them, as it reads the objects; a
-//! namespaced kind stays in `-n`'s namespace and its roles.
+//! `audit --kind` and `watch --kind` of a cluster-scoped kind (the cluster config, cluster
+//! instancetypes and preferences): their entries are in no namespace, so they are found without
+//! `-A`, and every principal sees them, as it reads the objects; a namespaced kind stays in
+//! `-n`'s namespace and its roles.
+
+use std::io::{BufRead, BufReader};
 
 use serde_json::Value;
 use vmplane_tests::{AuthToken, Cli, Server, write_auth_file};
@@ -18,7 +20,7 @@ fn entries(out: &str) -> Vec<Value> {
 }
 
 #[test]
-fn audit_of_a_cluster_scoped_kind_shows_its_entries_without_all_namespaces() {
+fn audit_and_watch_of_a_cluster_scoped_kind_show_its_entries_without_all_namespaces() {
     let dir = tempfile::tempdir().expect("tempdir");
     let auth_file = dir.path().join("auth.yaml");
     write_auth_file(
@@ -91,6 +93,35 @@ fn audit_of_a_cluster_scoped_kind_shows_its_entries_without_all_namespaces() {
         let found = entries(&vera.ok(&["audit", "--kind", "kubevirt", "-n", ns, "-o", "json"]));
         assert_eq!(found.len(), 1, "-n {ns}: {found:?}");
     }
+    // So does a watch of the kind, from either namespace, without -A.
+    for ns in ["team-a", "default"] {
+        let mut watch = vera.spawn(&[
+            "watch",
+            "clusterinstancetype",
+            "-n",
+            ns,
+            "--from-position",
+            "0",
+            "-o",
+            "json",
+        ]);
+        let first = BufReader::new(watch.stdout.take().expect("stdout"))
+            .lines()
+            .next()
+            .expect("an event")
+            .expect("read the watch");
+        let _ = watch.kill();
+        let _ = watch.wait();
+        let event: Value = serde_json::from_str(&first).expect("a JSON event");
+        assert_eq!(
+            (event["kind"].as_str(), event["name"].as_str()),
+            (Some("VirtualMachineClusterInstancetype"), Some("audited")),
+            "-n {ns}: {first}"
+        );
+    }
+    let line = vera.fails(&["watch", "vm", "-n", "default"]);
+    assert!(line.contains("permission denied"), "{line}");
+
     // A namespaced kind keeps to -n's namespace and the reader's roles there.
     let line = vera.fails(&["audit", "--kind", "vm", "-n", "default"]);
     assert!(line.contains("permission denied"), "{line}");
