@@ -170,6 +170,17 @@ pub async fn serve(
     };
     // Before the log is opened: a refused start leaves no data directory behind.
     probe_hypervisor(&args.hypervisor).await?;
+    let metrics_listener = match args.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-listen {addr}: cannot bind"))?,
+        ),
+        None => None,
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
     let (log, leadership) = open_log(&args).await?;
     let head = log.head();
     let (projections, commands) = {
@@ -197,11 +208,8 @@ pub async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let metrics = Arc::new(Metrics::new());
-    let metrics_task = match args.metrics_listen {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("--metrics-listen {addr}: cannot bind"))?;
+    let metrics_task = match metrics_listener {
+        Some(listener) => {
             let bound = listener.local_addr().context("read the metrics address")?;
             if !bound.ip().is_loopback() {
                 tracing::warn!(%bound, "metrics are served without authentication on a non-loopback address");
@@ -248,9 +256,6 @@ pub async fn serve(
         .max_decoding_message_size(REQUEST_BYTES_MAX)
         .max_encoding_message_size(RESPONSE_BYTES_MAX);
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
     let local = listener.local_addr().context("read the bound address")?;
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
     tracing::info!(addr = %local, tls = tls.is_some(), data = %args.data.display(), head = head.0, workers, "vmplane serving");

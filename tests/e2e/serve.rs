@@ -481,3 +481,29 @@ fn serve_refuses_an_oversized_request_to_any_service_and_speaks_of_manifests_onl
         );
     }
 }
+
+#[test]
+fn serve_refuses_a_listen_or_metrics_address_in_use_naming_it_before_it_creates_its_data_dir() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let addr = taken.local_addr().expect("its address").to_string();
+    for args in [
+        vec!["--listen", addr.as_str()],
+        vec!["--listen", "127.0.0.1:0", "--metrics-listen", addr.as_str()],
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let mut command = vec!["serve", "--data", data.to_str().expect("utf-8 path")];
+        command.extend(&args);
+        let (code, _out, err) = run_cli(&command);
+        assert_ne!(code, 0, "{args:?}: {err}");
+        let flag = args[args.len() - 2];
+        assert!(
+            err.contains(&format!("{flag} {addr}: cannot bind")),
+            "{args:?}: unclear error: {err}"
+        );
+        assert!(
+            !data.exists(),
+            "{args:?}: a refused start must not create the data dir"
+        );
+    }
+}
