@@ -1115,10 +1115,13 @@ impl Projections {
         };
         self.sync(wait)?;
         let limit = page.limit.unwrap_or(usize::MAX).max(1);
-        // A selector is decided on the rendered object: every candidate is gathered, and the
-        // page is cut while they are read.
+        // A selector is decided on the rendered object, and a VMI list's candidates include
+        // VM streams that have no VMI: then every candidate is gathered, and the page is cut
+        // while they are read, so that no page is empty and `next` is set only when another
+        // listed object follows.
         let selector = page.selector.as_ref().filter(|s| !s.is_empty());
-        let gather_limit = if selector.is_some() {
+        let cut_while_rendering = selector.is_some() || kind == Kind::VirtualMachineInstance;
+        let gather_limit = if cut_while_rendering {
             usize::MAX
         } else {
             limit
@@ -1225,7 +1228,7 @@ impl Projections {
             Read::One
         };
         let mut seen_vmi = std::collections::HashSet::new();
-        // With a selector: the matching objects visited, and the last one's (namespace, name).
+        // Cut while rendering: the objects visited, and the last one's (namespace, name).
         let mut matched = 0usize;
         let mut last_matched: Option<(String, String)> = None;
         for ((ns, name), stream, stream_kind, revision) in wanted {
@@ -1240,12 +1243,12 @@ impl Projections {
                 // The first source that renders is the VMI, whether it matches or not.
                 seen_vmi.insert((ns.clone(), name.clone()));
             }
-            if let Some(selector) = selector {
-                if !selector.matches(|key| label_of(&view.object, key)) {
-                    continue;
-                }
+            if selector.is_some_and(|s| !s.matches(|key| label_of(&view.object, key))) {
+                continue;
+            }
+            if cut_while_rendering {
                 if matched == limit {
-                    // Another matching object follows the page.
+                    // Another listed object follows the page.
                     next = last_matched;
                     break;
                 }
