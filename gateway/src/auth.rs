@@ -211,6 +211,21 @@ pub fn token_digest_hex(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
+/// What `roles` grant, whatever their order or repetition: equal for two lists that allow the
+/// same.
+fn grants(roles: &[Role]) -> std::collections::BTreeSet<(u8, &str)> {
+    roles
+        .iter()
+        .flat_map(|r| -> Box<dyn Iterator<Item = (u8, &str)> + '_> {
+            match r {
+                Role::Admin => Box::new(std::iter::once((0, ""))),
+                Role::Edit(nss) => Box::new(nss.iter().map(|n| (1, n.as_str()))),
+                Role::View(nss) => Box::new(nss.iter().map(|n| (2, n.as_str()))),
+            }
+        })
+        .collect()
+}
+
 impl Authenticator {
     /// Reads and checks an `--auth` file.
     pub fn load(path: &Path) -> Result<Authenticator, AuthFileError> {
@@ -285,6 +300,20 @@ impl Authenticator {
                                 r.role
                             ));
                         }
+                        for (k, ns) in r.namespaces.iter().enumerate() {
+                            if let Some(why) = vmplane_core::validate::namespace_problem(ns) {
+                                let hint = if ns == "*" {
+                                    "; there is no wildcard: list each namespace, or give \
+                                     role admin"
+                                } else {
+                                    ""
+                                };
+                                return Err(format!(
+                                    "{rat}.namespaces[{k}]: {}: {why}{hint}",
+                                    vmplane_core::validate::shown(ns)
+                                ));
+                            }
+                        }
                         if r.role == "edit" {
                             Role::Edit(r.namespaces)
                         } else {
@@ -298,6 +327,19 @@ impl Authenticator {
                     }
                 };
                 roles.push(role);
+            }
+            // One name, one set of roles: the audit records the principal, not the token. Two
+            // tokens of one principal (a rotation) are fine with the same roles.
+            if let Some(j) = entries
+                .iter()
+                .position(|(_, p)| p.name == t.principal && grants(&p.roles) != grants(&roles))
+            {
+                return Err(format!(
+                    "{at}.roles: principal {:?} is also listed at tokens[{j}] with other roles; \
+                     the audit records the principal, not the token, so every token of one \
+                     principal must carry the same roles (or give each its own name)",
+                    t.principal
+                ));
             }
             entries.push((
                 digest,
@@ -464,6 +506,34 @@ mod tests {
         );
         let err = Authenticator::parse(&no_ns).expect_err("edit without namespaces");
         assert!(err.contains("tokens[0].roles[0].namespaces"), "{err}");
+        for (namespace, shown) in [("'*'", "\"*\""), ("''", "\"\""), ("Team-A", "\"Team-A\"")] {
+            let bad = format!(
+                "tokens:\n  - principal: a\n    sha256: {}\n    roles: [{{role: view, namespaces: [ok, {namespace}]}}]\n",
+                token_digest_hex("t")
+            );
+            let err = Authenticator::parse(&bad).expect_err("a namespace no object can be in");
+            assert!(
+                err.starts_with(&format!("tokens[0].roles[0].namespaces[1]: {shown}")),
+                "{err}"
+            );
+        }
+        let twice = |second: &str| {
+            format!(
+                "tokens:\n  - principal: ops\n    sha256: {}\n    roles: [{{role: view, namespaces: [a, b]}}]\n  - principal: ops\n    sha256: {}\n    roles: {second}\n",
+                token_digest_hex("t1"),
+                token_digest_hex("t2")
+            )
+        };
+        let err = Authenticator::parse(&twice("[{role: admin}]")).expect_err("other roles");
+        assert!(
+            err.starts_with("tokens[1].roles: principal \"ops\" is also listed at tokens[0]"),
+            "{err}"
+        );
+        // A rotation: a second token of the same principal with the same roles.
+        Authenticator::parse(&twice(
+            "[{role: view, namespaces: [b]}, {role: view, namespaces: [a]}]",
+        ))
+        .expect("the same roles in another order");
         let cleartext = "tokens:\n  - principal: a\n    token: secret\n";
         assert!(
             Authenticator::parse(cleartext).is_err(),
