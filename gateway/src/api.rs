@@ -1319,6 +1319,7 @@ impl pb::history_server::History for Api {
                 .skip(older)
                 .map(|h| pb::Revision {
                     revision: h.revision,
+                    first_revision: h.first_revision,
                     position: h.position,
                     generation: h.generation,
                     time: h.time,

@@ -528,7 +528,7 @@ pub fn describe(
         .iter()
         .map(|r| {
             vec![
-                r.revision.to_string(),
+                revisions_of(r),
                 age(Some(&r.time), now),
                 r.actor.clone(),
                 r.events.join(","),
@@ -561,7 +561,7 @@ pub fn history(
             let rows: Vec<Vec<String>> = revisions
                 .iter()
                 .map(|r| {
-                    let mut row = vec![r.revision.to_string()];
+                    let mut row = vec![revisions_of(r)];
                     if wide {
                         row.push(r.generation.to_string());
                     }
@@ -595,7 +595,8 @@ pub fn history(
                 .iter()
                 .map(|r| {
                     serde_json::json!({
-                        "revision": r.revision, "position": r.position,
+                        "revision": r.revision, "firstRevision": first_revision(r),
+                        "position": r.position,
                         "generation": r.generation, "time": r.time, "actor": r.actor,
                         "events": r.events, "summary": r.summary,
                     })
@@ -605,6 +606,24 @@ pub fn history(
         }
     }
     Ok(())
+}
+
+/// The revisions a history row covers: `5`, or `3-5` for a row of the events one request
+/// appended at revisions 3 to 5 (each of which `get --revision` takes).
+fn revisions_of(r: &pb::Revision) -> String {
+    match first_revision(r) {
+        first if first < r.revision => format!("{first}-{}", r.revision),
+        _ => r.revision.to_string(),
+    }
+}
+
+/// A history row's first revision (a server that does not say it has rows of one revision).
+fn first_revision(r: &pb::Revision) -> u64 {
+    if r.first_revision == 0 {
+        r.revision
+    } else {
+        r.first_revision
+    }
 }
 
 /// `audit`: a table, or a list of `{position, time, actor, namespace, kind, name, event, summary}`.
@@ -1161,6 +1180,7 @@ mod tests {
         };
         let revision = |n: u64, event: &str| pb::Revision {
             revision: n,
+            first_revision: n,
             position: n,
             generation: 1,
             time: "2026-11-22T12:00:00Z".into(),

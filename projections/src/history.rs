@@ -20,6 +20,9 @@ use crate::projections::{At, Projections};
 pub struct HistoryEntry {
     /// The stream revision after these events (what `get --revision` and `diff` take).
     pub revision: u64,
+    /// The stream revision of the first of them: the row covers `first_revision..=revision`,
+    /// each of which `get --revision` and `diff` take too.
+    pub first_revision: u64,
     /// The position of the last of them.
     pub position: u64,
     /// The object's `metadata.generation` after them. It counts the object's own changes
@@ -148,6 +151,7 @@ impl Projections {
                 } else {
                     out.push(HistoryEntry {
                         revision: event.revision,
+                        first_revision: event.revision,
                         position: event.position.0,
                         generation: state.generation(),
                         time: rfc3339_nanos(event.recorded_at.0),

@@ -207,6 +207,7 @@ fn history_audit_and_watch_json_have_the_documented_fields() {
             keys(r),
             sorted(vec![
                 "revision",
+                "firstRevision",
                 "position",
                 "generation",
                 "time",
@@ -216,6 +217,7 @@ fn history_audit_and_watch_json_have_the_documented_fields() {
             ])
         );
         assert_eq!(r["revision"], i as u64 + 1);
+        assert_eq!(r["firstRevision"], i as u64 + 1);
         assert_eq!(r["generation"], i as u64 + 1);
         assert!(r["position"].is_u64());
         chrono::DateTime::parse_from_rfc3339(r["time"].as_str().expect("time")).expect("RFC 3339");
@@ -1045,4 +1047,43 @@ fn a_vm_whose_node_selector_no_node_matches_is_unschedulable_and_says_why() {
         vm["status"]["printableStatus"], "ErrorUnschedulable",
         "{vm}"
     );
+}
+
+/// A history row holds the events one request appended: it names every revision it covers
+/// (`1-2`, `firstRevision`), each of which `get --revision` takes.
+#[test]
+fn a_history_row_of_several_events_names_each_revision_it_covers() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-history-rows";
+    vmplane.apply_in(
+        ns,
+        "apiVersion: instancetype.kubevirt.io/v1beta1\nkind: VirtualMachineInstancetype\n\
+         metadata: {name: small}\nspec:\n  cpu: {guest: 1}\n  memory: {guest: 128Mi}\n---\n\
+         apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: typed}\nspec:\n  \
+         runStrategy: Halted\n  instancetype: {name: small, kind: VirtualMachineInstancetype}\n  \
+         template:\n    spec:\n      domain: {devices: {}}\n",
+    );
+    let history = json(&vmplane.ok(&["history", "vm", "typed", "-n", ns, "-o", "json"]));
+    let row = &history.as_array().expect("a list")[0];
+    assert_eq!(
+        row["events"],
+        serde_json::json!(["VmCreated", "InstancetypeRevisionCaptured"])
+    );
+    assert_eq!(
+        (&row["firstRevision"], &row["revision"]),
+        (&1.into(), &2.into())
+    );
+    let table = vmplane.ok(&["history", "vm", "typed", "-n", ns]);
+    let cells: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .expect("a row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(cells[0], "1-2", "{table}");
+    let describe = vmplane.ok(&["describe", "vm", "typed", "-n", ns]);
+    assert!(describe.contains("\n  1-2 "), "{describe}");
+    for revision in ["1", "2"] {
+        vmplane.ok(&["get", "vm", "typed", "-n", ns, "--revision", revision]);
+    }
 }
