@@ -126,8 +126,14 @@ pub fn list(
 
 /// Writes rows as columns separated by three spaces, each as wide as its widest cell.
 pub fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> std::io::Result<()> {
+    // A cell is text someone wrote (a label, an annotation, a message): never a terminal's
+    // control sequence, nor a line break that would shift the columns.
+    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| printable(cell)).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
+    for row in &rows {
         for (i, cell) in row.iter().enumerate() {
             if let Some(w) = widths.get_mut(i) {
                 *w = (*w).max(cell.chars().count());
@@ -149,10 +155,28 @@ pub fn table(out: &mut impl Write, header: &[&str], rows: &[Vec<String>]) -> std
         s
     };
     writeln!(out, "{}", line(header.to_vec()))?;
-    for row in rows {
-        writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+    for row in &rows {
+        writeln!(out, "{}", line(row.iter().map(AsRef::as_ref).collect()))?;
     }
     Ok(())
+}
+
+/// `text` for a terminal: its control characters (ESC, BEL, line breaks, C1 controls) escaped
+/// (`\u{1b}`, `\n`), so that text another principal wrote cannot move the cursor, retitle the
+/// window or forge lines in a reader's terminal, as kubectl escapes it (CVE-2021-25743).
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// kubectl's age: `42s`, `5m`, `3h`, `12d`.
@@ -458,7 +482,13 @@ pub fn describe(
             None => "<none>".to_owned(),
             Some(map) => map
                 .iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .map(|(k, v)| {
+                    format!(
+                        "{}={}",
+                        printable(k),
+                        printable(v.as_str().unwrap_or_default())
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(&format!("\n{:LABEL_WIDTH$}", "")),
         }
@@ -875,6 +905,41 @@ mod tests {
             name: name.into(),
             event: "RestoreStarted".into(),
         }
+    }
+
+    #[test]
+    fn text_someone_wrote_reaches_a_terminal_with_its_control_characters_escaped() {
+        let evil = "hi\u{1b}[31mRED\u{1b}]0;pwned\u{7}x\nforged\u{9b}2J";
+        let obj = pb::Object {
+            kind: "VirtualMachine".into(),
+            namespace: "team-a".into(),
+            name: "a2".into(),
+            json: json!({"metadata": {"annotations": {"note": evil}, "labels": {evil: "v"}},
+                "spec": {"note": evil}})
+            .to_string(),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        describe(&mut out, &obj, &[], 20).expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(
+            !text.contains(['\u{1b}', '\u{7}', '\u{9b}']),
+            "a control character reached the terminal: {text:?}"
+        );
+        let shown = "hi\\u{1b}[31mRED\\u{1b}]0;pwned\\u{7}x\\nforged\\u{9b}2J";
+        assert!(text.contains(&format!("note={shown}")), "{text}");
+        assert!(text.contains(&format!("{shown}=v")), "{text}");
+        let mut out = Vec::new();
+        table(
+            &mut out,
+            &["A", "B"],
+            &[vec![evil.to_owned(), "b".to_owned()]],
+        )
+        .expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.contains(&format!("{shown}   b")), "{text:?}");
+        assert_eq!(printable("plain – text"), "plain – text");
     }
 
     #[test]
