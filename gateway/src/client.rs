@@ -1646,19 +1646,56 @@ pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyh
     let obj = read_now(c, object.clone(), 0)
         .await
         .map_err(|status| status_error_about(status, Some(&about)))?;
-    let history = c
-        .history
-        .history(pb::HistoryRequest {
-            r#ref: Some(object),
-            // Read at least as far as the object just shown, so its last event is listed.
-            min_position: obj.resource_version,
-            limit: u32::try_from(a.events).unwrap_or(u32::MAX),
-        })
-        .await
-        .map_err(|status| status_error_about(status, Some(&about)))?
-        .into_inner();
+    let request = |object: pb::ObjectRef, limit: usize| pb::HistoryRequest {
+        r#ref: Some(object),
+        // Read at least as far as the object just shown, so its last event is listed.
+        min_position: obj.resource_version,
+        limit: u32::try_from(limit).unwrap_or(u32::MAX),
+    };
+    let revisions = match c.history.history(request(object.clone(), a.events)).await {
+        Ok(h) => h.into_inner().revisions,
+        // A VM's VMI is recorded in the VM's stream: its events are the VM's VMI events since
+        // the run shown was launched.
+        Err(status)
+            if status.code() == tonic::Code::NotFound
+                && Kind::from_cli_name(&a.kind) == Some(Kind::VirtualMachineInstance) =>
+        {
+            let vm = pb::ObjectRef {
+                kind: "vm".into(),
+                ..object
+            };
+            let rows = c
+                .history
+                .history(request(vm, 0))
+                .await
+                .map_err(|_| status_error_about(status, Some(&about)))?
+                .into_inner()
+                .revisions;
+            vmi_rows(rows, a.events)
+        }
+        Err(status) => return Err(status_error_about(status, Some(&about))),
+    };
     let mut out = std::io::stdout().lock();
-    print::describe(&mut out, &obj, &history.revisions, a.events)
+    print::describe(&mut out, &obj, &revisions, a.events)
+}
+
+/// The rows of a VM's history that are its current VMI's: from the last launch on, those of
+/// VMI events; the last `events` of them (all with 0).
+fn vmi_rows(rows: Vec<pb::Revision>, events: usize) -> Vec<pb::Revision> {
+    let has = |r: &pb::Revision, event: &str| r.events.iter().any(|e| e == event);
+    let launched = rows
+        .iter()
+        .rposition(|r| has(r, "VmiLaunched"))
+        .unwrap_or(0);
+    let mut rows: Vec<pb::Revision> = rows
+        .into_iter()
+        .skip(launched)
+        .filter(|r| r.events.iter().any(|e| e.starts_with("Vmi")))
+        .collect();
+    if events > 0 && rows.len() > events {
+        rows.drain(..rows.len() - events);
+    }
+    rows
 }
 
 /// Whether results print as a table (where an empty one is a line on stderr, as kubectl's).

@@ -1087,3 +1087,84 @@ fn a_history_row_of_several_events_names_each_revision_it_covers() {
         vmplane.ok(&["get", "vm", "typed", "-n", ns, "--revision", revision]);
     }
 }
+
+/// A VM's VMI has no stream of its own: `describe vmi` shows it with its events from the VM's
+/// history, those of the run shown (from its launch on), and VMI events only.
+#[test]
+fn describe_shows_a_vms_vmi_with_the_vmi_events_of_its_current_run() {
+    let vmplane = Cli::new(shared_server());
+    let ns = "output-describe-vmi";
+    demo(&vmplane, ns);
+    let ready = [
+        "wait",
+        "vmi",
+        "demo",
+        "-n",
+        ns,
+        "--for",
+        "condition=Ready",
+        "--timeout",
+        "60s",
+    ];
+    let events = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip_while(|l| *l != "Events:")
+            .skip(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    vmplane.ok(&["start", "demo", "-n", ns]);
+    vmplane.ok(&ready);
+    let first = vmplane.ok(&["describe", "vmi", "demo", "-n", ns]);
+    assert!(
+        first.contains("Kind:              VirtualMachineInstance\n"),
+        "{first}"
+    );
+    let rows = events(&first);
+    assert!(
+        rows.first().is_some_and(|r| r.contains("VmiLaunched")),
+        "{first}"
+    );
+    assert!(
+        rows.iter().all(|r| r
+            .split_whitespace()
+            .nth(3)
+            .is_some_and(|e| e.starts_with("Vmi"))),
+        "VMI events only: {first}"
+    );
+    // A restart is a new run: its rows start at its own launch.
+    let launch = |text: &str| -> Option<String> {
+        events(text)
+            .iter()
+            .find(|r| r.contains("VmiLaunched"))
+            .and_then(|r| r.split_whitespace().next().map(str::to_owned))
+    };
+    let first_launch = launch(&first).expect("a launch row");
+    vmplane.ok(&["restart", "demo", "-n", ns]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let second = loop {
+        let text = vmplane.ok(&["describe", "vmi", "demo", "-n", ns]);
+        if launch(&text).is_some_and(|l| l != first_launch) {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no second launch: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let rows = events(&second);
+    assert!(
+        rows.first().is_some_and(|r| r.contains("VmiLaunched")),
+        "{second}"
+    );
+    assert_eq!(
+        rows.iter().filter(|r| r.contains("VmiLaunched")).count(),
+        1,
+        "{second}"
+    );
+    // --events keeps the last ones.
+    let one = vmplane.ok(&["describe", "vmi", "demo", "-n", ns, "--events", "1"]);
+    assert_eq!(events(&one).len(), 1, "{one}");
+    vmplane.ok(&["stop", "demo", "-n", ns]);
+}
