@@ -321,6 +321,7 @@ fn domain(input: &DomainInput) -> DomainSpec {
             labels: labels.iter().cloned().collect(),
         },
         node_selector: Default::default(),
+        machine: vmplane_hypervisor::MACHINE_TYPE_DEFAULT.to_owned(),
     }
 }
 

@@ -1,8 +1,11 @@
 //! The reconciler's view of the control plane, over the projections (desired state) and the
 //! command path (where its observations are recorded, as principal `system:reconciler`).
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use uuid::Uuid;
 use vmplane_core::types::Kind;
 use vmplane_core::{Features, VmCommand, VmState, VmiCommand, VmiState};
 use vmplane_hypervisor::control_plane::{
@@ -11,6 +14,48 @@ use vmplane_hypervisor::control_plane::{
 use vmplane_projections::Projections;
 use vmplane_projections::command::{Command, CommandError, CommandHandler, CommandMeta};
 use vmplane_projections::model::AggState;
+use vmplane_store::{EventLog, Position};
+
+/// The VMI uids the log recorded up to a position (see [`ControlPlane::recorded_vmis`]).
+#[derive(Default)]
+struct RecordedVmis {
+    /// Events up to here are in `uids`.
+    after: Position,
+    uids: HashSet<Uuid>,
+}
+
+impl RecordedVmis {
+    /// Reads the VMI uids of the events after `self.after` (`VmiLaunched`: a VM's run;
+    /// `VmiCreated`: a standalone VMI). Only those two types are decoded.
+    fn catch_up(&mut self, log: &dyn EventLog) -> Result<(), ControlPlaneError> {
+        let mut failed = None;
+        let mut uids = std::mem::take(&mut self.uids);
+        let scanned = log.scan(self.after, &mut |e| {
+            if matches!(e.event_type, "VmiLaunched" | "VmiCreated") {
+                match vmplane_core::decode(e.event_type, e.schema_version, e.payload) {
+                    Ok(vmplane_core::Event::VmiLaunched(p)) => {
+                        uids.insert(p.vmi_uid);
+                    }
+                    Ok(vmplane_core::Event::VmiCreated(p)) => {
+                        uids.insert(p.uid);
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        failed = Some(format!("event at position {}: {err}", e.position.0));
+                        return ControlFlow::Break(());
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        });
+        self.uids = uids;
+        if let Some(failed) = failed {
+            return Err(unavailable(failed));
+        }
+        self.after = scanned.map_err(unavailable)?;
+        Ok(())
+    }
+}
 
 /// [`ControlPlane`] over a server's projections and command path.
 pub struct ServerControlPlane {
@@ -18,6 +63,8 @@ pub struct ServerControlPlane {
     commands: Arc<CommandHandler>,
     /// `Some(reason)` once this server's leadership term is over (see `leader`).
     term_over: Arc<dyn Fn() -> Option<String> + Send + Sync>,
+    /// The VMI uids the log recorded, read from the log when a lookup misses.
+    recorded: Mutex<RecordedVmis>,
 }
 
 impl ServerControlPlane {
@@ -27,6 +74,7 @@ impl ServerControlPlane {
             projections,
             commands,
             term_over: Arc::new(|| None),
+            recorded: Mutex::new(RecordedVmis::default()),
         }
     }
 
@@ -101,6 +149,23 @@ impl ControlPlane for ServerControlPlane {
 
     fn features(&self) -> Result<Features, ControlPlaneError> {
         Ok((*self.projections.features_at(None).map_err(unavailable)?).clone())
+    }
+
+    /// Answered from the uids read so far; the log is read on (from where the last read
+    /// stopped) only when one of `uids` is not among them. The reconciler asks only about the
+    /// domains no VM or VMI wants, so a log with no foreign domains is read once per term at
+    /// most.
+    fn recorded_vmis(&self, uids: &[Uuid]) -> Result<HashSet<Uuid>, ControlPlaneError> {
+        self.leading()?;
+        let mut recorded = self.recorded.lock().unwrap_or_else(PoisonError::into_inner);
+        if uids.iter().any(|u| !recorded.uids.contains(u)) {
+            recorded.catch_up(self.projections.log().as_ref())?;
+        }
+        Ok(uids
+            .iter()
+            .filter(|u| recorded.uids.contains(u))
+            .copied()
+            .collect())
     }
 
     fn execute(

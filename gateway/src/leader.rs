@@ -220,6 +220,7 @@ fn lead(term: &HeldTerm, parts: &SupervisorParts, stop: &AtomicBool) -> anyhow::
         Reconciler::spawn_woken_by(control, nodes, Default::default(), parts.wake.clone())
             .context("start the reconciler")?;
     let reason = loop {
+        crate::metrics::set_hypervisor_nodes(reconciler.node_reachability());
         if let Some(reason) = term.wait_lost(SUPERVISE_POLL) {
             break format!("leadership lost: {reason}");
         }
@@ -228,5 +229,6 @@ fn lead(term: &HeldTerm, parts: &SupervisorParts, stop: &AtomicBool) -> anyhow::
         }
     };
     drop(reconciler);
+    crate::metrics::set_hypervisor_nodes(Vec::new());
     Ok(reason)
 }

@@ -22,9 +22,13 @@
 //! | `vmplane_projection_lag_events` | gauge | |
 //! | `vmplane_vms` | gauge | `status` (printableStatus) |
 //! | `vmplane_vmi_feature_mismatch` | gauge | |
+//! | `vmplane_hypervisor_node_reachable` | gauge | `node` |
 //!
 //! Gauges are computed when scraped, from the log and the projections: nothing here is a
-//! second truth. `vmplane_vms` has a series for every printableStatus (and any other status
+//! second truth. `vmplane_hypervisor_node_reachable` is 1 for a `--hypervisor` node the
+//! reconciler's last pass could list and 0 for one it could not (libvirt did not answer); only
+//! the server whose reconciler leads has its series ([`set_hypervisor_nodes`], kept up to date
+//! by `leader`). `vmplane_vms` has a series for every printableStatus (and any other status
 //! seen since start), 0 when no VM has it, so a status does not vanish from the scrape.
 //!
 //! The `method` label is the request's path only for the methods the server serves (the
@@ -63,6 +67,23 @@ struct StatusLabels {
     status: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+/// Every hypervisor node of the reconciler running in this process, and whether its last pass
+/// could list the node (empty while this server's reconciler does not lead).
+static HYPERVISOR_NODES: Mutex<Vec<(String, bool)>> = Mutex::new(Vec::new());
+
+/// Publishes the reconciler's nodes and whether each answered its last pass (`leader` calls it
+/// while it leads, and with nothing when its term ends).
+pub fn set_hypervisor_nodes(nodes: Vec<(String, bool)>) {
+    *HYPERVISOR_NODES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = nodes;
+}
+
 /// What [`Metrics::scrape`] writes: OpenMetrics text, not Prometheus' older text format
 /// (the `_total` suffix only on samples, the closing `# EOF`).
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -82,6 +103,7 @@ pub struct Metrics {
     /// Every status `vms` has a series for: each printableStatus, and any other seen.
     vm_statuses: Mutex<BTreeSet<String>>,
     feature_mismatch: Gauge,
+    node_reachable: Family<NodeLabels, Gauge>,
 }
 
 /// The `method` label of unknown paths.
@@ -236,6 +258,13 @@ impl Metrics {
             "Running VMIs whose spec requests a feature the cluster config has disabled",
             feature_mismatch.clone(),
         );
+        let node_reachable = Family::<NodeLabels, Gauge>::default();
+        registry.register(
+            "vmplane_hypervisor_node_reachable",
+            "1 when the reconciler's last pass could list the hypervisor node, 0 when libvirt did \
+             not answer (only on the server whose reconciler leads)",
+            node_reachable.clone(),
+        );
         Metrics {
             registry,
             handled,
@@ -251,6 +280,22 @@ impl Metrics {
                     .collect(),
             ),
             feature_mismatch,
+            node_reachable,
+        }
+    }
+
+    /// Sets `vmplane_hypervisor_node_reachable` from [`set_hypervisor_nodes`]' last word.
+    fn refresh_hypervisor_nodes(&self) {
+        let nodes = HYPERVISOR_NODES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        // A node of an ended term (or none at all) has no series.
+        self.node_reachable.clear();
+        for (node, reachable) in nodes {
+            self.node_reachable
+                .get_or_create(&NodeLabels { node })
+                .set(i64::from(reachable));
         }
     }
 
@@ -308,6 +353,7 @@ impl Metrics {
             }
         }
         self.feature_mismatch.set(mismatched);
+        self.refresh_hypervisor_nodes();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .map_err(|e| format!("encoding metrics: {e}"))?;
@@ -603,6 +649,26 @@ mod tests {
             .filter(|l| l.starts_with(series))
             .map(str::to_string)
             .collect()
+    }
+
+    #[test]
+    fn each_hypervisor_node_is_reachable_or_not_as_the_reconciler_last_saw_it() {
+        let metrics = Metrics::new();
+        set_hypervisor_nodes(vec![("good".into(), true), ("remote".into(), false)]);
+        metrics.refresh_hypervisor_nodes();
+        let mut reachable = samples(&metrics, "vmplane_hypervisor_node_reachable{");
+        reachable.sort();
+        assert_eq!(
+            reachable,
+            [
+                r#"vmplane_hypervisor_node_reachable{node="good"} 1"#,
+                r#"vmplane_hypervisor_node_reachable{node="remote"} 0"#
+            ]
+        );
+        // The term ended: no node is this server's to report.
+        set_hypervisor_nodes(Vec::new());
+        metrics.refresh_hypervisor_nodes();
+        assert!(samples(&metrics, "vmplane_hypervisor_node_reachable{").is_empty());
     }
 
     /// The count of `method` with `code`, if it has a series.

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use virt::connect::Connect;
 use vmplane_hypervisor::{
     CpuTopology, DomainName, DomainSpec, Firmware, Hypervisor, InstanceMetadata, LibvirtHypervisor,
-    LibvirtOptions, VirtType, render_domain,
+    LibvirtOptions, MACHINE_TYPE_DEFAULT, VirtType, render_domain,
 };
 
 fn spec(i: usize) -> DomainSpec {
@@ -23,6 +23,7 @@ fn spec(i: usize) -> DomainSpec {
         emulator: None,
         cpu: CpuTopology::sockets(1),
         memory_bytes: 64 << 20,
+        machine: MACHINE_TYPE_DEFAULT.to_owned(),
         firmware: Firmware::Bios,
         disks: Vec::new(),
         interfaces: Vec::new(),

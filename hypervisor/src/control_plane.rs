@@ -6,6 +6,9 @@
 //! implements it over the projections' read models and its command path; this crate's tests
 //! implement it over a real `vmplane_store::SledLog` with `core`'s `decide`/`fold`.
 
+use std::collections::HashSet;
+
+use uuid::Uuid;
 use vmplane_core::{Features, Rejection, VmCommand, VmState, VmiCommand, VmiState};
 
 /// The actor of every event the reconciler records (the envelope's `actor`).
@@ -24,6 +27,15 @@ pub trait ControlPlane: Send + Sync {
     /// may still exist (the reconciler stops and removes it). A deleted VMI left out is
     /// treated as an unwanted domain and destroyed without a grace period.
     fn standalone_vmis(&self) -> Result<Vec<VmiState>, ControlPlaneError>;
+
+    /// Which of `uids` this control plane's log has ever recorded as the uid of a VMI: a VM's
+    /// run (`VmiLaunched`) or a standalone VMI (`VmiCreated`), whether or not it still exists.
+    ///
+    /// This is what makes a domain this log's (see [`crate::reconciler`], "Whose domains"): a
+    /// domain whose metadata names a VMI uid the log never recorded belongs to another vmplane
+    /// (or was made by hand) and is never touched. VMI uids are random; only this log and
+    /// copies of it (a backup restored elsewhere) recorded them.
+    fn recorded_vmis(&self, uids: &[Uuid]) -> Result<HashSet<Uuid>, ControlPlaneError>;
 
     /// The cluster's effective features now (folded from `cluster/config`; every feature at
     /// its default when there is no configuration). A VM whose spec requests a disabled

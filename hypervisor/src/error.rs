@@ -138,6 +138,16 @@ pub enum HypervisorError {
         #[source]
         source: virt::error::Error,
     },
+    /// The node's connection closed (libvirtd restarted, the link went away) and the last
+    /// attempt to reopen it failed; the next attempt comes once the back-off has passed
+    /// (see [`crate::libvirt`]).
+    #[error("the connection to {uri} is closed; reconnecting in {retry_in_ms} ms")]
+    Reconnecting {
+        /// The connection's URI.
+        uri: String,
+        /// How long until the next attempt.
+        retry_in_ms: u64,
+    },
     /// libvirt refused or failed a call about a domain.
     #[error("libvirt {operation} of {domain} failed: {source}")]
     Domain {

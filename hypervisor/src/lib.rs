@@ -51,7 +51,9 @@
 //!   threads of its own;
 //! - touch a libvirt domain that does not carry vmplane's metadata (an `instance` element in
 //!   the [`METADATA_NAMESPACE_URI`] namespace): a host runs other guests, and libvirt's test
-//!   driver starts with a domain `test` of its own;
+//!   driver starts with a domain `test` of its own; nor one whose VMI uid the log never
+//!   recorded ([`ControlPlane::recorded_vmis`]): another vmplane server's;
+//! - record a VMI `Failed` because its node does not answer: its guest may still run;
 //! - build XML by string formatting, or let a value XML cannot carry reach libvirt;
 //! - decide a domain rule itself: what should run is `core`'s `desired_action`, and every
 //!   observation goes through `core`'s `decide` (via [`ControlPlane`]), which may refuse it.
@@ -84,7 +86,7 @@ pub use reconciler::{
 };
 pub use spec::{
     CpuTopology, Disk, DiskBus, DiskDevice, DiskFormat, DomainName, DomainSpec, Firmware,
-    InstanceMetadata, Interface, InterfaceSource, METADATA_NAMESPACE_URI, MacAddress, NicModel,
-    VirtType,
+    InstanceMetadata, Interface, InterfaceSource, MACHINE_TYPE_DEFAULT, METADATA_NAMESPACE_URI,
+    MacAddress, NicModel, VirtType,
 };
 pub use xml::{parse_metadata, render_domain};

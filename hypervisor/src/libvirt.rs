@@ -13,12 +13,25 @@
 //! - Lifecycle events arrive on that thread in `lifecycle_callback`, which only copies the
 //!   domain's UUID and name (local accessors, no libvirt round trip) and sends them to every
 //!   subscriber's channel. It never blocks and never calls back into libvirt.
+//!
+//! # A connection that drops
+//!
+//! A remote connection (`qemu+ssh://…`, `test+unix://…?socket=…`, or `qemu:///system`, which
+//! goes through libvirtd's socket) closes when libvirtd restarts or the link goes away; libvirt
+//! never reopens it. Every call first asks libvirt whether the connection is still alive
+//! (`virConnectIsAlive`, a local check, no round trip) and, when it is not, opens a new one to
+//! the same URI — at most once per back-off period ([`RECONNECT_BACKOFF_MIN_MS`] doubling to
+//! [`RECONNECT_BACKOFF_MAX_MS`]), so a node that stays down costs one attempt per period, not
+//! one per call. The lifecycle-event registration moves to the new connection: subscribers
+//! keep their streams. Remote connections get libvirt's keepalive
+//! ([`KEEPALIVE_INTERVAL_S`] × [`KEEPALIVE_COUNT`]), so a libvirtd that hangs or a link that
+//! silently drops closes the connection too instead of leaving calls waiting.
 
 use std::ffi::CStr;
 use std::os::raw::{c_int, c_uchar, c_void};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 use virt::connect::Connect;
@@ -43,9 +56,20 @@ pub const SUBSCRIBER_BUFFER_EVENTS_MAX: usize = 1024;
 /// loop logs instead of spinning a core.
 const EVENT_LOOP_RETRY_MS: u64 = 100;
 
-/// Prepares libvirt for this process, once: silences libvirt's default error printer (errors
-/// are still returned), registers the default event loop and starts the `libvirt-events`
-/// thread that runs it. Later calls return the first call's result.
+/// The wait before the first attempt to reopen a closed connection (each failed attempt
+/// doubles it, up to [`RECONNECT_BACKOFF_MAX_MS`]).
+pub const RECONNECT_BACKOFF_MIN_MS: u64 = 500;
+/// The longest wait between two attempts to reopen a closed connection.
+pub const RECONNECT_BACKOFF_MAX_MS: u64 = 30_000;
+/// Seconds between libvirt keepalive probes on a remote connection.
+pub const KEEPALIVE_INTERVAL_S: i32 = 5;
+/// Unanswered keepalive probes after which libvirt closes a remote connection.
+pub const KEEPALIVE_COUNT: u32 = 3;
+
+/// Prepares libvirt for this process, once: silences libvirt's default error printer and
+/// libxml2's (errors are still returned, see `silence_libxml2`), registers the default event
+/// loop and starts the `libvirt-events` thread that runs it. Later calls return the first
+/// call's result.
 ///
 /// [`LibvirtHypervisor::open`] calls it; call it yourself before opening a `virt::Connect`
 /// of your own in the same process.
@@ -53,6 +77,7 @@ pub fn init() -> Result<(), HypervisorError> {
     static INIT: OnceLock<Result<(), VirtError>> = OnceLock::new();
     let result = INIT.get_or_init(|| {
         virt::error::clear_error_callback();
+        silence_libxml2(true);
         virt::event::event_register_default_impl()?;
         let spawned = std::thread::Builder::new()
             .name("libvirt-events".into())
@@ -73,6 +98,42 @@ pub fn init() -> Result<(), HypervisorError> {
         uri: "(libvirt event loop)".into(),
         source,
     })
+}
+
+/// `void (*xmlGenericErrorFunc)(void *ctx, const char *msg, ...)`: a variadic C function
+/// pointer; the no-op below never reads its arguments, so a non-variadic definition is
+/// called correctly by the C ABI on every platform libvirt runs on (the caller sets up the
+/// arguments, the callee ignores them).
+type XmlGenericErrorFunc = Option<unsafe extern "C" fn(*mut c_void, *const std::ffi::c_char)>;
+
+unsafe extern "C" fn ignore_libxml2_message(_ctx: *mut c_void, _msg: *const std::ffi::c_char) {}
+
+/// Stops libxml2 from printing its own warnings on standard error, such as libvirt's test
+/// driver's `I/O warning : failed to load external entity "…"` for a missing node file: libvirt
+/// reports the same failure as its error, which vmplane shows in its one line. libxml2 keeps the
+/// handler per thread (`xmlSetGenericErrorFunc`) with a default for threads that have not used
+/// it yet (`xmlThrDefSetGenericErrorFunc`, set when `for_new_threads`); both are looked up in
+/// the libxml2 that libvirt loaded (no link-time dependency of vmplane's own on libxml2).
+fn silence_libxml2(for_new_threads: bool) {
+    type Setter = unsafe extern "C" fn(*mut c_void, XmlGenericErrorFunc);
+    let mut names: Vec<&std::ffi::CStr> = vec![c"xmlSetGenericErrorFunc"];
+    if for_new_threads {
+        names.push(c"xmlThrDefSetGenericErrorFunc");
+    }
+    for name in names {
+        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only reads them.
+        let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        if symbol.is_null() {
+            tracing::debug!(symbol = ?name, "libxml2 not found; its warnings may reach stderr");
+            continue;
+        }
+        // SAFETY: both libxml2 functions have this signature (libxml/xmlerror.h,
+        // libxml/globals.h); the handler ignores its arguments and lives for the process.
+        unsafe {
+            let set: Setter = std::mem::transmute::<*mut c_void, Setter>(symbol);
+            set(std::ptr::null_mut(), Some(ignore_libxml2_message));
+        }
+    }
 }
 
 /// The subscribers of one connection's lifecycle events. Owned jointly by the hypervisor and
@@ -201,14 +262,85 @@ pub struct LibvirtOptions {
     pub validate_schema: bool,
 }
 
-/// One libvirt connection: one node.
+/// One libvirt connection, with its lifecycle-event registration.
+struct Connection {
+    conn: Connect,
+    /// The lifecycle registration on `conn`, `None` if libvirt refused it.
+    callback_id: Option<c_int>,
+}
+
+impl Connection {
+    /// Opens `uri`, registers `events` for its lifecycle events and, on a remote connection,
+    /// turns libvirt's keepalive on.
+    fn open(uri: &str, events: &Arc<Fanout>) -> Result<Connection, HypervisorError> {
+        // libxml2's handler is per thread: this thread may parse a node file now.
+        silence_libxml2(false);
+        let conn = Connect::open(Some(uri)).map_err(|source| HypervisorError::Connect {
+            uri: uri.to_owned(),
+            source,
+        })?;
+        let callback_id = register_lifecycle(&conn, events);
+        if callback_id.is_none() {
+            tracing::warn!(uri, error = %VirtError::last_error(), "lifecycle events unavailable");
+        }
+        // Local drivers (test://) have no keepalive and refuse it: nothing to do there.
+        if let Err(e) = conn.set_keep_alive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT) {
+            tracing::debug!(uri, error = %e, "no libvirt keepalive on this connection");
+        }
+        Ok(Connection { conn, callback_id })
+    }
+
+    fn is_alive(&self) -> bool {
+        // An error here is a connection libvirt cannot vouch for: treat it as closed.
+        self.conn.is_alive().unwrap_or(false)
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(id) = self.callback_id {
+            // SAFETY: `conn` is a valid handle and `id` came from its registration. libvirt
+            // calls `free_fanout` for the opaque pointer once the registration is gone (on a
+            // closed connection, when the connection itself goes).
+            let rc = unsafe { sys::virConnectDomainEventDeregisterAny(self.conn.as_ptr(), id) };
+            if rc < 0 {
+                tracing::debug!("cannot deregister lifecycle events (connection closed?)");
+            }
+        }
+    }
+}
+
+/// When a closed connection may be reopened next.
+#[derive(Debug, Default)]
+struct Reconnect {
+    /// Failed attempts since the connection was last open.
+    failed_attempts: u32,
+    /// No attempt before this.
+    next_attempt: Option<Instant>,
+}
+
+/// The wait after `failed_attempts` failed attempts to reopen a connection.
+fn reconnect_backoff(failed_attempts: u32) -> Duration {
+    let factor = 1u64 << failed_attempts.min(16);
+    Duration::from_millis(
+        RECONNECT_BACKOFF_MIN_MS
+            .saturating_mul(factor)
+            .min(RECONNECT_BACKOFF_MAX_MS),
+    )
+}
+
+/// One node: a libvirt connection to one URI, reopened when it closes (see the module doc).
 pub struct LibvirtHypervisor {
     uri: String,
     options: LibvirtOptions,
-    conn: Connect,
+    /// The current connection; replaced when it is found closed.
+    connection: Mutex<Arc<Connection>>,
+    /// Held while a closed connection is being replaced, with the back-off state.
+    reconnect: Mutex<Reconnect>,
     events: Arc<Fanout>,
-    /// The lifecycle registration, `None` if libvirt refused it (then `subscribe` fails).
-    callback_id: Option<c_int>,
+    /// Whether libvirt took the lifecycle registration when the node was opened (if not,
+    /// `subscribe` fails).
+    events_available: bool,
 }
 
 impl std::fmt::Debug for LibvirtHypervisor {
@@ -216,7 +348,7 @@ impl std::fmt::Debug for LibvirtHypervisor {
         f.debug_struct("LibvirtHypervisor")
             .field("uri", &self.uri)
             .field("options", &self.options)
-            .field("callback_id", &self.callback_id)
+            .field("events_available", &self.events_available)
             .finish_non_exhaustive()
     }
 }
@@ -235,27 +367,75 @@ impl LibvirtHypervisor {
         options: LibvirtOptions,
     ) -> Result<LibvirtHypervisor, HypervisorError> {
         init()?;
-        let conn = Connect::open(Some(uri)).map_err(|source| HypervisorError::Connect {
-            uri: uri.to_owned(),
-            source,
-        })?;
         let events = Arc::new(Fanout::default());
-        let callback_id = register_lifecycle(&conn, &events);
-        if callback_id.is_none() {
-            tracing::warn!(uri, error = %VirtError::last_error(), "lifecycle events unavailable");
-        }
+        let connection = Connection::open(uri, &events)?;
         Ok(LibvirtHypervisor {
             uri: uri.to_owned(),
             options,
-            conn,
+            events_available: connection.callback_id.is_some(),
+            connection: Mutex::new(Arc::new(connection)),
+            reconnect: Mutex::new(Reconnect::default()),
             events,
-            callback_id,
         })
     }
 
     /// The URI this connection was opened with.
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// The connection to call libvirt on: the current one while libvirt says it is alive,
+    /// else a new one (see the module doc), or [`HypervisorError::Reconnecting`] while the
+    /// back-off after a failed attempt lasts.
+    fn connection(&self) -> Result<Arc<Connection>, HypervisorError> {
+        let current = Arc::clone(&self.connection.lock().unwrap_or_else(|p| p.into_inner()));
+        if current.is_alive() {
+            return Ok(current);
+        }
+        drop(current);
+        // One thread reconnects; the others wait for it, then use what it opened.
+        let mut reconnect = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
+        let current = Arc::clone(&self.connection.lock().unwrap_or_else(|p| p.into_inner()));
+        if current.is_alive() {
+            return Ok(current);
+        }
+        let now = Instant::now();
+        if let Some(next) = reconnect.next_attempt
+            && now < next
+        {
+            return Err(HypervisorError::Reconnecting {
+                uri: self.uri.clone(),
+                retry_in_ms: u64::try_from((next - now).as_millis()).unwrap_or(u64::MAX),
+            });
+        }
+        if reconnect.failed_attempts == 0 {
+            tracing::warn!(uri = %self.uri, "libvirt connection closed; reconnecting");
+        }
+        match Connection::open(&self.uri, &self.events) {
+            Ok(opened) => {
+                let opened = Arc::new(opened);
+                *self.connection.lock().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&opened);
+                tracing::info!(
+                    uri = %self.uri,
+                    failed_attempts = reconnect.failed_attempts,
+                    "reconnected to libvirt"
+                );
+                *reconnect = Reconnect::default();
+                Ok(opened)
+            }
+            Err(e) => {
+                let wait = reconnect_backoff(reconnect.failed_attempts);
+                reconnect.failed_attempts = reconnect.failed_attempts.saturating_add(1);
+                reconnect.next_attempt = Some(now + wait);
+                tracing::warn!(
+                    uri = %self.uri,
+                    error = %e,
+                    retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    "cannot reconnect to libvirt"
+                );
+                Err(e)
+            }
+        }
     }
 
     /// The domain's current XML (`virsh dumpxml`), for a vmplane domain only. Blocks.
@@ -284,19 +464,23 @@ impl LibvirtHypervisor {
         operation: &'static str,
     ) -> Result<(Domain, InstanceMetadata), HypervisorError> {
         let unnamed = DomainRef { uuid, name: None };
-        let dom = self.conn.lookup_domain_by_uuid(uuid).map_err(|source| {
-            if is(&source, ErrorNumber::NoDomain) {
-                HypervisorError::NotFound {
-                    domain: unnamed.clone(),
+        let connection = self.connection()?;
+        let dom = connection
+            .conn
+            .lookup_domain_by_uuid(uuid)
+            .map_err(|source| {
+                if is(&source, ErrorNumber::NoDomain) {
+                    HypervisorError::NotFound {
+                        domain: unnamed.clone(),
+                    }
+                } else {
+                    HypervisorError::Domain {
+                        domain: unnamed.clone(),
+                        operation: "lookup",
+                        source,
+                    }
                 }
-            } else {
-                HypervisorError::Domain {
-                    domain: unnamed.clone(),
-                    operation: "lookup",
-                    source,
-                }
-            }
-        })?;
+            })?;
         let domain = domain_ref(&dom, uuid);
         match read_metadata(&dom, &domain)? {
             Some(metadata) => Ok((dom, metadata)),
@@ -336,15 +520,8 @@ impl LibvirtHypervisor {
 
 impl Drop for LibvirtHypervisor {
     fn drop(&mut self) {
-        if let Some(id) = self.callback_id {
-            // SAFETY: the connection is open and `id` came from its registration. libvirt
-            // calls `free_fanout` for the opaque pointer once the registration is gone.
-            let rc = unsafe { sys::virConnectDomainEventDeregisterAny(self.conn.as_ptr(), id) };
-            if rc < 0 {
-                tracing::warn!(uri = %self.uri, "cannot deregister lifecycle events");
-            }
-        }
-        // Subscribers see their stream end even if libvirt frees the callback data later.
+        // Subscribers see their stream end even if libvirt frees the callback data later (the
+        // connection deregisters its callback when it is dropped).
         self.events.close();
     }
 }
@@ -459,6 +636,7 @@ fn domain_status(dom: &Domain, domain: &DomainRef) -> Result<DomainStatus, Hyper
 impl Hypervisor for LibvirtHypervisor {
     fn node_capacity(&self) -> Result<Resources, HypervisorError> {
         let info = self
+            .connection()?
             .conn
             .node_info()
             .map_err(self.node_error("node info"))?;
@@ -470,6 +648,7 @@ impl Hypervisor for LibvirtHypervisor {
 
     fn list_owned(&self) -> Result<Vec<OwnedDomain>, HypervisorError> {
         let domains = self
+            .connection()?
             .conn
             .list_all_domains(0)
             .map_err(self.node_error("list domains"))?;
@@ -528,10 +707,11 @@ impl Hypervisor for LibvirtHypervisor {
             domain.clone(),
             "define"
         )));
+        let connection = self.connection()?;
         let defined = if self.options.validate_schema {
-            first_validation_alone(|| self.conn.define_domain_xml_flags(&xml, flags))
+            first_validation_alone(|| connection.conn.define_domain_xml_flags(&xml, flags))
         } else {
-            self.conn.define_domain_xml_flags(&xml, flags)
+            connection.conn.define_domain_xml_flags(&xml, flags)
         };
         defined
             .map(drop)
@@ -618,7 +798,7 @@ impl Hypervisor for LibvirtHypervisor {
     }
 
     fn subscribe(&self) -> Result<Receiver<LifecycleEvent>, HypervisorError> {
-        if self.callback_id.is_none() {
+        if !self.events_available {
             return Err(HypervisorError::EventsUnavailable {
                 uri: self.uri.clone(),
             });

@@ -12,6 +12,7 @@
 //! | `metadata.labels` (string values) | metadata labels |
 //! | `spec.domain.firmware.uuid` / `.serial` | domain `<uuid>`, SMBIOS system UUID and serial |
 //! | `spec.domain.firmware.bootloader` | `bios` (default) or `efi` (`secureBoot` defaults to true, as in KubeVirt) |
+//! | `spec.domain.machine.type` | `<os><type machine=…>`: `q35` (the default, as in KubeVirt) or `pc-q35-<version>`; anything else refused |
 //! | `spec.domain.cpu.{sockets,cores,threads}` | topology (unset parts count 1) |
 //! | else `spec.domain.resources.requests.cpu` (else `limits.cpu`) | that many sockets, rounded up |
 //! | `spec.domain.memory.guest`, else `resources.requests.memory` (else `limits.memory`) | memory |
@@ -39,7 +40,8 @@ use vmplane_core::{VmState, VmiState};
 use crate::error::{SpecError, SpecProblem};
 use crate::spec::{
     CpuTopology, Disk, DiskBus, DiskDevice, DiskFormat, DomainName, DomainSpec, Firmware,
-    InstanceMetadata, Interface, InterfaceSource, MacAddress, NicModel, VirtType,
+    InstanceMetadata, Interface, InterfaceSource, MACHINE_TYPE_DEFAULT, MacAddress, NicModel,
+    VirtType,
 };
 
 /// KubeVirt's default `terminationGracePeriodSeconds` (`DefaultGracePeriodSeconds`).
@@ -118,6 +120,7 @@ pub fn domain_spec(
     );
     let serial = firmware.and_then(|f| f.serial.clone());
     let boot = bootloader(&mut problems, firmware.and_then(|f| f.bootloader.as_ref()));
+    let machine = machine_type(&mut problems, domain.machine.as_ref());
     let cpu = topology(&mut problems, spec);
     let memory_bytes = memory(&mut problems, spec);
     let disks = disks(&mut problems, spec);
@@ -147,6 +150,7 @@ pub fn domain_spec(
         emulator: defaults.emulator.clone(),
         cpu,
         memory_bytes,
+        machine,
         firmware: boot,
         disks,
         interfaces,
@@ -168,6 +172,28 @@ pub fn domain_spec(
             .collect(),
     })?;
     Ok(out)
+}
+
+/// `spec.domain.machine.type`: a Q35 machine ([`crate::spec::machine_type_problem`]); none
+/// given is KubeVirt's default, `q35`.
+fn machine_type(problems: &mut Vec<SpecProblem>, machine: Option<&JsonMap>) -> String {
+    const FIELD: &str = "spec.domain.machine.type";
+    match machine.and_then(|m| m.get("type")) {
+        None | Some(Value::Null) => MACHINE_TYPE_DEFAULT.to_owned(),
+        Some(Value::String(machine)) => {
+            if let Some(problem) = crate::spec::machine_type_problem(machine) {
+                problems.push(SpecProblem::new(FIELD, problem));
+            }
+            machine.clone()
+        }
+        Some(other) => {
+            problems.push(SpecProblem::new(
+                FIELD,
+                format!("must be a string, not {other}"),
+            ));
+            MACHINE_TYPE_DEFAULT.to_owned()
+        }
+    }
 }
 
 /// `spec.nodeSelector`: label values must be strings, as in Kubernetes.
@@ -204,6 +230,8 @@ fn domain_field_path(field: &str) -> String {
         "spec.domain.memory.guest".to_owned()
     } else if field == "serial" {
         "spec.domain.firmware.serial".to_owned()
+    } else if field == "machine" {
+        "spec.domain.machine.type".to_owned()
     } else if let Some(rest) = field.strip_prefix("disks") {
         format!(
             "spec.domain.devices.disks{}",
@@ -563,6 +591,38 @@ mod tests {
 
     fn fields(err: &SpecError) -> Vec<&str> {
         err.problems.iter().map(|p| p.field.as_str()).collect()
+    }
+
+    /// Audit: `get vmi` said `machine: type: q35` while the domain was `pc-i440fx-…`: the
+    /// machine type was written only for secure boot.
+    #[test]
+    fn the_machine_type_is_the_domains_and_only_q35_machines_are_taken() {
+        let domain = |machine: &str| {
+            format!(
+                "  domain:\n    firmware: {{uuid: {FW}}}\n    memory: {{guest: 64Mi}}\n{machine}"
+            )
+        };
+        let q35 = map(&domain("    machine: {type: q35}\n")).expect("maps");
+        assert_eq!(q35.machine, "q35");
+        let xml = crate::xml::render_domain(&q35).expect("renders");
+        assert!(
+            xml.contains(r#"<type arch="x86_64" machine="q35">hvm</type>"#),
+            "{xml}"
+        );
+        let versioned = map(&domain("    machine: {type: pc-q35-7.2}\n")).expect("maps");
+        assert_eq!(versioned.machine, "pc-q35-7.2");
+        // None given: KubeVirt's default.
+        assert_eq!(map(&domain("")).expect("maps").machine, "q35");
+        let refused = map(&domain("    machine: {type: pc-i440fx-7.2}\n")).expect_err("i440fx");
+        assert_eq!(fields(&refused), ["spec.domain.machine.type"]);
+        assert!(
+            refused.problems[0]
+                .message
+                .contains("vmplane runs Q35 machines"),
+            "{refused}"
+        );
+        let not_text = map(&domain("    machine: {type: 35}\n")).expect_err("a number");
+        assert_eq!(fields(&not_text), ["spec.domain.machine.type"]);
     }
 
     #[test]

@@ -70,6 +70,18 @@ pub enum NodesError {
     },
 }
 
+impl NodesError {
+    /// What to check, for a message that ends with a hint: the URI and libvirt for a node that
+    /// cannot be opened, the arguments otherwise.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            NodesError::Hypervisor { .. } => "check the URI and that libvirt serves it",
+            NodesError::Syntax { .. } => "give each node as NAME=URI",
+            NodesError::Duplicate { .. } => "give each node a name of its own",
+        }
+    }
+}
+
 /// Several named nodes, in the order they were given.
 #[derive(Clone, Debug, Default)]
 pub struct Nodes {
@@ -78,12 +90,20 @@ pub struct Nodes {
 
 impl Nodes {
     /// Opens one libvirt connection per `name=URI` argument (e.g. `a=test:///default`,
-    /// `b=qemu:///system`) and reads each node's capacity. Blocks.
+    /// `b=qemu:///system`) and reads each node's capacity. Blocks. The arguments are checked
+    /// (syntax, a name given twice) before any connection is opened.
     pub fn open<S: AsRef<str>>(args: &[S]) -> Result<Nodes, NodesError> {
-        let mut parsed = Vec::with_capacity(args.len());
+        let mut parsed: Vec<(String, String)> = Vec::with_capacity(args.len());
         for arg in args {
             let arg = arg.as_ref();
             match arg.split_once('=') {
+                Some((name, _)) if parsed.iter().any(|(n, _)| n == name) => {
+                    // Said before any connection is opened: a mistake in the arguments, not
+                    // in libvirt.
+                    return Err(NodesError::Duplicate {
+                        name: name.to_owned(),
+                    });
+                }
                 Some((name, uri)) if !name.is_empty() && !uri.is_empty() => {
                     parsed.push((name.to_owned(), uri.to_owned()));
                 }
@@ -144,6 +164,20 @@ impl Nodes {
         placed: impl IntoIterator<Item = (&'a str, Resources)>,
         selector: &BTreeMap<String, String>,
     ) -> Result<&Node, Unschedulable> {
+        self.place_reachable(request, placed, selector, &[])
+    }
+
+    /// [`Nodes::place`] leaving out the nodes named in `unreachable` (whose listing failed:
+    /// a VMI placed there would wait for a node that may not come back, while another has
+    /// room). When nothing fits, [`Unschedulable::unreachable`] names the matching nodes left
+    /// out.
+    pub fn place_reachable<'a>(
+        &self,
+        request: Resources,
+        placed: impl IntoIterator<Item = (&'a str, Resources)>,
+        selector: &BTreeMap<String, String>,
+        unreachable: &[String],
+    ) -> Result<&Node, Unschedulable> {
         let matching: Vec<&Node> = self
             .nodes
             .iter()
@@ -154,18 +188,27 @@ impl Nodes {
                 request,
                 nodes: Vec::new(),
                 unmatched_selector: Some((selector.clone(), self.nodes.len())),
+                unreachable: Vec::new(),
             });
         }
+        let (reachable, left_out): (Vec<&Node>, Vec<&Node>) = matching
+            .into_iter()
+            .partition(|n| !unreachable.contains(&n.name));
         let name = place(
-            matching.iter().map(|n| (n.name.as_str(), n.capacity)),
+            reachable.iter().map(|n| (n.name.as_str(), n.capacity)),
             placed,
             request,
-        )?;
+        )
+        .map_err(|mut e| {
+            e.unreachable = left_out.iter().map(|n| n.name.clone()).collect();
+            e
+        })?;
         // `place` only answers names it was given.
         self.get(&name).ok_or(Unschedulable {
             request,
             nodes: Vec::new(),
             unmatched_selector: None,
+            unreachable: Vec::new(),
         })
     }
 }
@@ -179,11 +222,42 @@ pub struct Unschedulable {
     pub nodes: Vec<(String, Resources)>,
     /// The selector no node matched, and how many nodes there are, when that is the reason.
     pub unmatched_selector: Option<(BTreeMap<String, String>, usize)>,
+    /// Nodes that would match but were left out as unreachable.
+    pub unreachable: Vec<String>,
 }
 
-impl fmt::Display for Unschedulable {
+/// What starts the free capacity at the end of an [`Unschedulable`]'s text.
+const FREE_PREFIX: &str = " (free:";
+
+impl Unschedulable {
+    /// Why nothing fits, without what each node had free: the same for as long as the
+    /// reasons are the same, while the free figures change with every VMI placed or
+    /// stopped elsewhere. Its text is the start of the [`fmt::Display`] text, which adds
+    /// ` (free: …)`.
+    pub fn reasons(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = fmt::Write::write_fmt(&mut out, format_args!("{}", Reasons(self)));
+        out
+    }
+
+    /// The reasons part of a message written from an [`Unschedulable`] (its whole text but
+    /// the free capacity at the end): what [`Unschedulable::reasons`] gives for the same
+    /// reasons.
+    pub fn reasons_of(message: &str) -> &str {
+        message
+            .rfind(FREE_PREFIX)
+            .map_or(message, |at| &message[..at])
+    }
+}
+
+/// The [`Unschedulable::reasons`] of an `Unschedulable`.
+struct Reasons<'a>(&'a Unschedulable);
+
+impl fmt::Display for Reasons<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some((selector, nodes)) = &self.unmatched_selector {
+        let u = self.0;
+        if let Some((selector, nodes)) = &u.unmatched_selector {
             // Kubernetes' scheduler's words.
             write!(
                 f,
@@ -199,12 +273,29 @@ impl fmt::Display for Unschedulable {
         write!(
             f,
             "no node has {} vCPUs and {} bytes of memory free",
-            self.request.vcpus, self.request.memory_bytes
+            u.request.vcpus, u.request.memory_bytes
         )?;
-        if self.nodes.is_empty() {
-            return f.write_str(" (there are no nodes)");
+        if !u.unreachable.is_empty() {
+            write!(
+                f,
+                "; {} node(s) unreachable: {}",
+                u.unreachable.len(),
+                u.unreachable.join(", ")
+            )?;
+        } else if u.nodes.is_empty() {
+            f.write_str(" (there are no nodes)")?;
         }
-        f.write_str(" (free:")?;
+        Ok(())
+    }
+}
+
+impl fmt::Display for Unschedulable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", Reasons(self))?;
+        if self.unmatched_selector.is_some() || self.nodes.is_empty() {
+            return Ok(());
+        }
+        f.write_str(FREE_PREFIX)?;
         for (name, free) in &self.nodes {
             write!(
                 f,
@@ -257,6 +348,7 @@ pub fn place<'n, 'p>(
         request,
         nodes: free,
         unmatched_selector: None,
+        unreachable: Vec::new(),
     })
 }
 
@@ -306,6 +398,47 @@ mod tests {
         assert_eq!(
             place(nodes, [("zz", res(1, 1))], res(1, 1)),
             Ok("a".to_owned())
+        );
+    }
+
+    /// Audit: 20 VMs too big for any node recorded one observation each per start or stop of
+    /// an unrelated VM, differing only in the free figures. The reasons leave them out.
+    #[test]
+    fn the_reasons_leave_out_the_free_figures_that_change_with_every_placement() {
+        let busy = place([("n1", res(2, 2))], [("n1", res(1, 1))], res(4, 1))
+            .expect_err("4 vCPUs fit nowhere");
+        let idle = place([("n1", res(2, 2))], [], res(4, 1)).expect_err("4 vCPUs fit nowhere");
+        assert_ne!(busy.to_string(), idle.to_string());
+        assert_eq!(busy.reasons(), idle.reasons());
+        assert_eq!(
+            busy.reasons(),
+            "no node has 4 vCPUs and 1073741824 bytes of memory free"
+        );
+        assert!(busy.to_string().starts_with(&busy.reasons()));
+        assert!(busy.to_string().contains("(free: n1: 1 vCPUs"), "{busy}");
+        assert_eq!(Unschedulable::reasons_of(&busy.to_string()), busy.reasons());
+        // Another reason is another text, and so is a selector nothing matches.
+        let mut left_out = idle.clone();
+        left_out.unreachable = vec!["remote".into()];
+        assert_eq!(
+            left_out.reasons(),
+            "no node has 4 vCPUs and 1073741824 bytes of memory free; 1 node(s) unreachable: \
+             remote"
+        );
+        assert_eq!(
+            Unschedulable::reasons_of(&left_out.to_string()),
+            left_out.reasons()
+        );
+        let selector = Unschedulable {
+            request: res(1, 1),
+            nodes: Vec::new(),
+            unmatched_selector: Some((BTreeMap::from([("disk".into(), "ssd".into())]), 2)),
+            unreachable: Vec::new(),
+        };
+        assert_eq!(selector.reasons(), selector.to_string());
+        assert_eq!(
+            Unschedulable::reasons_of(&selector.to_string()),
+            selector.reasons()
         );
     }
 

@@ -3,6 +3,12 @@
 //! and pid files, killed by PID on drop. Every real-QEMU test of the workspace uses it and takes
 //! its file lock ([`QEMU_TEST_LOCK`]), since only one libvirtd QEMU driver can run per machine.
 //! Prerequisites: `scripts/install-qemu.sh` (root).
+//!
+//! [`SessionLibvirtd`] is a libvirtd of its own for tests that break the connection: a session
+//! daemon (as `nobody` when the test runs as root), its sockets and state under a temporary
+//! directory, which a test kills and starts again. It serves the test driver
+//! (`test+unix:///default?socket=…`) without touching the machine's libvirt state, so it needs
+//! neither the QEMU lock nor root.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -271,4 +277,145 @@ pub fn processes_with_uuid(uuid: &str) -> Vec<(u32, Vec<String>)> {
         .map(|pid| (pid, cmdline(pid)))
         .filter(|(_, args)| args.windows(2).any(|w| w[0] == "-uuid" && w[1] == uuid))
         .collect()
+}
+
+/// How long a session libvirtd may take to answer on its socket.
+pub const SESSION_DAEMON_START_MS: u64 = 15_000;
+
+/// A session `libvirtd` started by a test, with its own `XDG_*` directories under a temporary
+/// directory (killed on drop). Run as `nobody` when the test runs as root, so it is a session
+/// daemon whatever user runs the tests (root's would be the system daemon, whose state is the
+/// machine's).
+pub struct SessionLibvirtd {
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl SessionLibvirtd {
+    /// Starts the daemon and waits until its socket answers; `Err` says why it cannot run.
+    pub fn start() -> Result<SessionLibvirtd, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+        let mut daemon = SessionLibvirtd { dir, child: None };
+        for sub in ["run", "config", "cache", "data", "home"] {
+            std::fs::create_dir_all(daemon.dir.path().join(sub))
+                .map_err(|e| format!("create {sub}: {e}"))?;
+        }
+        if let Some((uid, gid)) = daemon.user() {
+            for path in ["", "run", "config", "cache", "data", "home"] {
+                let path = daemon.dir.path().join(path);
+                let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                // SAFETY: chown of a path this test created, by a NUL-terminated name.
+                if unsafe { libc::chown(c_path.as_ptr(), uid, gid) } != 0 {
+                    return Err(format!(
+                        "chown {}: {}",
+                        path.display(),
+                        std::io::Error::last_os_error()
+                    ));
+                }
+            }
+        }
+        daemon.spawn()?;
+        Ok(daemon)
+    }
+
+    /// `nobody`'s uid and gid when this process runs as root (`None`: run as ourselves).
+    fn user(&self) -> Option<(u32, u32)> {
+        // SAFETY: getuid cannot fail.
+        if unsafe { libc::getuid() } != 0 {
+            return None;
+        }
+        // SAFETY: getpwnam with a NUL-terminated name; the entry is read before any other
+        // call could reuse its static storage.
+        let entry = unsafe { libc::getpwnam(c"nobody".as_ptr()) };
+        if entry.is_null() {
+            return Some((65534, 65534));
+        }
+        // SAFETY: non-null, see above.
+        let entry = unsafe { &*entry };
+        Some((entry.pw_uid, entry.pw_gid))
+    }
+
+    /// The daemon's read-write socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("run/libvirt/libvirt-sock")
+    }
+
+    /// The test driver of this daemon: `test+unix:///default?socket=…`.
+    pub fn test_uri(&self) -> String {
+        format!("test+unix:///default?socket={}", self.socket().display())
+    }
+
+    /// Whether the daemon runs.
+    pub fn running(&self) -> bool {
+        self.child.as_ref().is_some_and(|c| process_running(c.id()))
+    }
+
+    /// Kills the daemon (SIGKILL) and reaps it: every connection to it closes.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the daemon again (after [`SessionLibvirtd::kill`]) and waits for its socket. The
+    /// test driver starts over: only its own `test` domain.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.kill();
+        self.spawn()
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        use std::os::unix::process::CommandExt;
+        let libvirtd = find_program("libvirtd", &["/usr/sbin/libvirtd"])
+            .ok_or("libvirtd not found (package libvirt-daemon)")?;
+        let d = self.dir.path();
+        // A killed daemon leaves its socket file: wait for the new daemon's, not the old one.
+        let _ = std::fs::remove_file(self.socket());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("libvirtd.log"))
+            .map_err(|e| format!("open libvirtd.log: {e}"))?;
+        let mut command = Command::new(libvirtd);
+        command
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", d.join("home"))
+            .env("XDG_RUNTIME_DIR", d.join("run"))
+            .env("XDG_CONFIG_HOME", d.join("config"))
+            .env("XDG_CACHE_HOME", d.join("cache"))
+            .env("XDG_DATA_HOME", d.join("data"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        if let Some((uid, gid)) = self.user() {
+            command.uid(uid).gid(gid);
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| format!("cannot start libvirtd: {e}"))?;
+        let pid = child.id();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_millis(SESSION_DAEMON_START_MS);
+        while std::os::unix::net::UnixStream::connect(self.socket()).is_err() {
+            if !process_running(pid) || Instant::now() > deadline {
+                let log = std::fs::read_to_string(d.join("libvirtd.log")).unwrap_or_default();
+                self.kill();
+                return Err(format!(
+                    "session libvirtd does not answer on {}; its log:\n{log}",
+                    self.socket().display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SessionLibvirtd {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

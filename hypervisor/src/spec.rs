@@ -19,6 +19,37 @@ pub const METADATA_NAMESPACE_URI: &str = "https://vmplane.dev/xmlns/domain/1";
 /// The prefix bound to [`METADATA_NAMESPACE_URI`] in rendered XML.
 pub const METADATA_NAMESPACE_PREFIX: &str = "vmplane";
 
+/// The machine type of a VMI that names none: KubeVirt's default on amd64 (`q35`, which QEMU
+/// and libvirt resolve to the newest `pc-q35-<version>` the emulator has).
+pub const MACHINE_TYPE_DEFAULT: &str = "q35";
+
+/// Whether vmplane runs machine type `machine`: Q35 machines only, `q35` or `pc-q35-<version>`
+/// (KubeVirt's default `emulatedMachines` on amd64 are `q35*` and `pc-q35*`). The i440FX
+/// machines (`pc`, `pc-i440fx-*`) are refused: secure boot needs Q35's SMM, and vmplane's
+/// devices (SATA on AHCI, PCIe) are laid out for Q35.
+pub fn machine_type_problem(machine: &str) -> Option<String> {
+    let versioned = machine.strip_prefix("pc-q35-").is_some_and(|version| {
+        !version.is_empty()
+            && version.len() <= 32
+            && version
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    });
+    if machine == MACHINE_TYPE_DEFAULT || versioned {
+        return None;
+    }
+    Some(format!(
+        "machine type {:?} is not supported: vmplane runs Q35 machines, \"q35\" or \
+         \"pc-q35-<version>\"",
+        shown(machine)
+    ))
+}
+
+/// At most 64 characters of a value a user gave, for a message.
+fn shown(value: &str) -> String {
+    value.chars().take(64).collect()
+}
+
 /// Longest libvirt domain name vmplane produces, in bytes.
 pub const DOMAIN_NAME_BYTES_MAX: usize = 128;
 /// How much of `namespace_name` a hashed domain name keeps readable, in bytes.
@@ -141,6 +172,9 @@ pub struct DomainSpec {
     pub cpu: CpuTopology,
     /// Guest memory in bytes; rendered in KiB, rounded up.
     pub memory_bytes: u64,
+    /// The machine type (`<os><type machine=…>`): `q35`, libvirt's alias of the emulator's
+    /// newest Q35 machine, or a versioned `pc-q35-<version>` (see [`MACHINE_TYPE_DEFAULT`]).
+    pub machine: String,
     /// BIOS or EFI.
     pub firmware: Firmware,
     /// Disks and CD-ROMs, in boot order.
@@ -492,6 +526,9 @@ impl DomainSpec {
         if let Some(serial) = &self.serial {
             non_empty_text("serial", serial, &mut problems);
         }
+        if let Some(problem) = machine_type_problem(&self.machine) {
+            problems.push(SpecProblem::new("machine", problem));
+        }
         if let Some(emulator) = &self.emulator {
             path_problems("emulator", emulator, &mut problems);
         }
@@ -631,6 +668,26 @@ mod tests {
         assert!("52:54:00:ab:cd".parse::<MacAddress>().is_err());
         assert!("52:54:00:ab:cd:0f:00".parse::<MacAddress>().is_err());
         assert!("52:54:00:ab:cd:+f".parse::<MacAddress>().is_err());
+    }
+
+    /// Audit: `get vmi` said `machine: type: q35` while the domain was `pc-i440fx-…`.
+    #[test]
+    fn only_q35_machine_types_are_run() {
+        for ok in ["q35", "pc-q35-7.2", "pc-q35-rhel9.2.0"] {
+            assert_eq!(machine_type_problem(ok), None, "{ok}");
+        }
+        for refused in [
+            "pc",
+            "pc-i440fx-7.2",
+            "",
+            "pc-q35-",
+            "microvm",
+            "q35'><x",
+            "Q35",
+        ] {
+            let problem = machine_type_problem(refused).expect(refused);
+            assert!(problem.contains("vmplane runs Q35 machines"), "{problem}");
+        }
     }
 
     #[test]

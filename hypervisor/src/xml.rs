@@ -99,7 +99,7 @@ fn write_domain_body(w: &mut W, spec: &DomainSpec) -> IoResult {
             })?;
             Ok(())
         })?;
-    write_os(w, spec.firmware)?;
+    write_os(w, spec.firmware, &spec.machine)?;
     w.create_element("features").write_inner_content(|w| {
         w.create_element("acpi").write_empty()?;
         w.create_element("apic").write_empty()?;
@@ -132,18 +132,17 @@ fn write_domain_body(w: &mut W, spec: &DomainSpec) -> IoResult {
     Ok(())
 }
 
-fn write_os(w: &mut W, firmware: Firmware) -> IoResult {
+fn write_os(w: &mut W, firmware: Firmware, machine: &str) -> IoResult {
     let mut os = w.create_element("os");
     if let Firmware::Efi { .. } = firmware {
         os = os.with_attribute(("firmware", "efi"));
     }
     os.write_inner_content(|w| {
-        let mut ty = w.create_element("type").with_attribute(("arch", "x86_64"));
-        if let Firmware::Efi { secure_boot: true } = firmware {
-            // Secure boot needs SMM, which QEMU offers on q35 only.
-            ty = ty.with_attribute(("machine", "q35"));
-        }
-        ty.write_text_content(BytesText::new("hvm"))?;
+        // Always a Q35 machine (`DomainSpec::validate`), which secure boot's SMM needs too.
+        w.create_element("type")
+            .with_attribute(("arch", "x86_64"))
+            .with_attribute(("machine", machine))
+            .write_text_content(BytesText::new("hvm"))?;
         if let Firmware::Efi { secure_boot } = firmware {
             let enabled = if secure_boot { "yes" } else { "no" };
             w.create_element("firmware").write_inner_content(|w| {

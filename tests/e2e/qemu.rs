@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use vmplane_tests::qemu_harness::{Daemons, PROCESS_GONE_MS, process_running, processes_with_uuid};
-use vmplane_tests::{Cli, Server};
+use vmplane_tests::{Cli, Server, wait_for};
 
 /// How long the reconciler may take to bring the VMI to Running, and to stop it (the grace
 /// period is 2 s).
@@ -29,28 +29,6 @@ spec:
         memory: {guest: 64Mi}
         devices: {autoattachPodInterface: false}
 "#;
-
-/// Polls `check` every 100 ms until it returns `Some`, failing with `what` and `context()`.
-#[track_caller]
-fn wait_for<T>(
-    what: &str,
-    timeout_ms: u64,
-    mut check: impl FnMut() -> Option<T>,
-    context: impl Fn() -> String,
-) -> T {
-    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout_ms} ms waiting for {what}\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn a_vm_started_with_the_cli_runs_on_real_qemu_with_its_firmware_uuid_and_stops() {

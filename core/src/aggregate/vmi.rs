@@ -205,7 +205,9 @@ pub fn decide(
                     if *p == phase && *reason == state.reason {
                         return Ok(Decision::unchanged());
                     }
-                    if phase.is_final() || (*p < phase && *p != VmiPhase::Unknown) {
+                    if phase.is_final()
+                        || (*p < phase && *p != VmiPhase::Unknown && phase != VmiPhase::Unknown)
+                    {
                         return Err(Rejection::precondition(
                             codes::STALE_OBSERVATION,
                             format!("VMI cannot go from {} to {}", phase.as_str(), p.as_str()),

@@ -158,3 +158,47 @@ fn standalone_vmi_lifecycle_and_immutability() {
     let d = vmplane_core::vmi::decide(&st, &VmiCommand::Delete, &mut c).unwrap();
     assert_eq!(d.claims.len(), 1);
 }
+
+/// A standalone VMI whose node stopped answering is `Unknown`; once the node answers, what it
+/// runs as is observed again (`Running`, or an end), as for a VM's VMI.
+#[test]
+fn a_standalone_vmi_comes_back_from_unknown() {
+    let Manifest::VirtualMachineInstance(vmi) = load("examples/vmi-masquerade.yaml").remove(0)
+    else {
+        panic!()
+    };
+    let mut c = ctx();
+    let apply = |st: VmiState, command: VmiCommand, c: &mut _| {
+        let d = vmplane_core::vmi::decide(&st, &command, c).expect("accepted");
+        d.events.iter().fold(st, vmplane_core::vmi::evolve)
+    };
+    let phase = |phase: event::VmiPhase| {
+        VmiCommand::Observe(VmiObservation::Phase {
+            phase,
+            reason: None,
+            message: None,
+        })
+    };
+    let mut st = apply(VmiState::default(), VmiCommand::Apply(vmi), &mut c);
+    st = apply(
+        st,
+        VmiCommand::Observe(VmiObservation::Scheduled { node: "n1".into() }),
+        &mut c,
+    );
+    st = apply(st, phase(event::VmiPhase::Running), &mut c);
+    st = apply(
+        st,
+        VmiCommand::Observe(VmiObservation::Phase {
+            phase: event::VmiPhase::Unknown,
+            reason: Some("NodeUnreachable".into()),
+            message: Some("node n1 has not answered".into()),
+        }),
+        &mut c,
+    );
+    assert_eq!(st.phase, Some(event::VmiPhase::Unknown));
+    st = apply(st, phase(event::VmiPhase::Running), &mut c);
+    assert_eq!(st.phase, Some(event::VmiPhase::Running));
+    st = apply(st, phase(event::VmiPhase::Unknown), &mut c);
+    st = apply(st, phase(event::VmiPhase::Succeeded), &mut c);
+    assert_eq!(st.phase, Some(event::VmiPhase::Succeeded));
+}

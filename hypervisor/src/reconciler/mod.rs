@@ -8,9 +8,10 @@
 //! that acts reports an [`Action`] saying *why*:
 //!
 //! 1. `observe_nodes` — list vmplane's domains on every node (one libvirt call a node).
-//! 2. `remove_unwanted_domains` — destroy and undefine vmplane domains whose VMI nobody
+//! 2. `remove_unwanted_domains` — destroy and undefine this log's domains whose VMI nobody
 //!    wants (after a restart, or a VMI removed while vmplane was down). Domains without
-//!    vmplane's metadata are never listed, so never touched.
+//!    vmplane's metadata are never listed, and other logs' vmplane domains are left alone (see
+//!    "Whose domains" below), so neither is ever touched.
 //! 3. For each VM, up to [`ReconcilerOptions::vm_steps_per_pass_max`] times, what
 //!    `core`'s `desired_action` says: `launch_vmi`, `stop_vmi` (graceful shutdown, then
 //!    `destroy_after_grace_period`), `remove_vmi`, or waiting out a crash-loop backoff; and
@@ -29,10 +30,29 @@
 //! restart the reconciler finds the domains it created and continues from what the log says
 //! (a Running VMI whose domain runs needs nothing), instead of defining them again.
 //!
+//! # Whose domains
+//!
+//! Several vmplane servers, each with a log of its own, may drive the same libvirt (a second
+//! instance, a test server next to production). A vmplane domain is **this log's** only when
+//! the VMI uid in its metadata is one the log recorded — a VM's run or a standalone VMI, still
+//! there or long gone ([`crate::ControlPlane::recorded_vmis`]). VMI uids are random, so:
+//!
+//! - a fresh log owns no domain: it never stops, changes or removes another server's;
+//! - a log restored from a backup (on a new machine too) holds the same events, so it owns the
+//!   domains its VMIs run in and adopts them, and removes those of VMIs it no longer wants;
+//! - domains written by every earlier vmplane carry the VMI uid, so they stay their log's.
+//!
+//! Any other vmplane domain is reported once, when first seen ([`PassReport::foreign_domains`],
+//! logged at info), and never touched. No separate identity of the log is written into the
+//! domain: anything that survives backup and restore (so that a restored log adopts its
+//! domains) is shared by every copy of the log, as the VMI uids are, and adds nothing to them.
+//!
 //! # What it remembers
 //!
-//! Only the deadlines of graceful stops in flight. A restart forgets them: the next pass asks
-//! the guest to shut down again and the grace period starts over.
+//! The deadlines of graceful stops in flight, the other logs' domains already reported, and since
+//! when each node has been unreachable. A restart forgets them: the next pass asks the guest to
+//! shut down again and the grace period starts over, and an unreachable node's timeout starts
+//! over.
 //!
 //! # Threads
 //!
@@ -74,6 +94,12 @@ pub struct ReconcilerOptions {
     /// Threads one pass uses to work on VMs side by side (1: one at a time, in order). Their
     /// libvirt calls overlap, and so do their appends, which the log commits as a group.
     pub workers: usize,
+    /// How long a node's listing may fail, pass after pass, before its VMIs stop claiming to
+    /// run: a running VMI of a VM is then recorded `Unknown` with reason `NodeUnreachable`
+    /// (its `Ready` condition False). New VMIs are never placed on a node whose listing failed
+    /// in the pass, whatever this says. 40 s: Kubernetes' `node-monitor-grace-period`, after
+    /// which a node that stopped reporting is `Ready=Unknown`.
+    pub node_unreachable_timeout_ms: u64,
 }
 
 impl Default for ReconcilerOptions {
@@ -83,6 +109,7 @@ impl Default for ReconcilerOptions {
             vm_steps_per_pass_max: 8,
             domain_defaults: DomainDefaults::default(),
             workers: 8,
+            node_unreachable_timeout_ms: 40_000,
         }
     }
 }
@@ -190,6 +217,11 @@ pub struct PassReport {
     /// The earliest time (ms since the epoch) a timer this pass saw falls due: the end of a
     /// grace period or of a crash-loop backoff.
     pub next_due_ms: Option<i64>,
+    /// vmplane domains of another log that this pass found and the pass before did not: never
+    /// touched, said once (logged at info) rather than every pass.
+    pub foreign_domains: Vec<String>,
+    /// Nodes whose listing failed in this pass (unreachable): nothing was placed on them.
+    pub unreachable_nodes: Vec<String>,
 }
 
 impl PassReport {
@@ -236,6 +268,10 @@ pub struct Reconciler {
     /// Domain specs by VMI uid: a run's spec never changes, so it is mapped once and kept
     /// while the VMI is wanted.
     specs: Mutex<HashMap<Uuid, Arc<Result<DomainSpec, SpecError>>>>,
+    /// Other logs' domains (node, domain UUID) seen by the last pass, so each is reported once.
+    foreign: Mutex<HashSet<(String, Uuid)>>,
+    /// Since when (ms since the epoch, the control plane's clock) each node's listing fails.
+    unreachable_since: Mutex<HashMap<String, i64>>,
     calls: Arc<Calls>,
 }
 
@@ -265,6 +301,8 @@ impl Reconciler {
             options,
             stopping: Mutex::new(HashMap::new()),
             specs: Mutex::new(HashMap::new()),
+            foreign: Mutex::new(HashSet::new()),
+            unreachable_since: Mutex::new(HashMap::new()),
             calls: Arc::new(Calls::default()),
         }
     }
@@ -282,6 +320,9 @@ impl Reconciler {
         report.calls = self.calls.snapshot().minus(&before);
         for action in &report.actions {
             tracing::info!(subject = %action.subject, step = action.step, why = %action.why, "reconciler acted");
+        }
+        for foreign in &report.foreign_domains {
+            tracing::info!(%foreign, "another vmplane's domain: never touched");
         }
         for error in &report.errors {
             tracing::warn!(%error, "reconciler step failed; retrying on the next pass");
@@ -313,7 +354,11 @@ impl Reconciler {
 
     fn into_thread(mut self, wake: WakeHandle) -> Result<ReconcilerHandle, HypervisorError> {
         let stop = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Stats {
+            // Reachable until a pass says otherwise: each was opened a moment ago.
+            nodes: Mutex::new(self.nodes.iter().map(|n| (n.name.clone(), true)).collect()),
+            ..Stats::default()
+        });
         let mut threads = Vec::new();
         for node in self.nodes.iter() {
             let events = match node.hypervisor.subscribe() {
@@ -426,6 +471,8 @@ struct Stats {
     passes: AtomicU64,
     events_appended: AtomicU64,
     last_errors: Mutex<Vec<String>>,
+    /// Every node, and whether the last pass could list it.
+    nodes: Mutex<Vec<(String, bool)>>,
 }
 
 impl Stats {
@@ -434,6 +481,14 @@ impl Stats {
         self.events_appended
             .fetch_add(report.events_appended as u64, Ordering::Relaxed);
         *self.last_errors.lock().unwrap_or_else(|p| p.into_inner()) = report.errors.clone();
+        for (node, reachable) in self
+            .nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter_mut()
+        {
+            *reachable = !report.unreachable_nodes.contains(node);
+        }
     }
 }
 
@@ -488,6 +543,15 @@ impl ReconcilerHandle {
     /// libvirt calls made so far.
     pub fn calls(&self) -> CallCounts {
         self.calls.snapshot()
+    }
+
+    /// Every node, in the order given, and whether the last pass could list it (reachable).
+    pub fn node_reachability(&self) -> Vec<(String, bool)> {
+        self.stats
+            .nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Stops the threads and waits for them.

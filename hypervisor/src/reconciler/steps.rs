@@ -16,6 +16,7 @@ use crate::control_plane::{ControlPlaneError, Executed};
 use crate::error::{HypervisorError, SpecError};
 use crate::hypervisor::{DomainState, DomainStatus, Resources};
 use crate::mapping;
+use crate::nodes::Unschedulable;
 use crate::spec::DomainSpec;
 
 /// The aggregate a VMI run belongs to.
@@ -42,6 +43,9 @@ struct Run {
     owner: Owner,
     uid: Uuid,
     phase: VmiPhase,
+    /// The reason and message of the last observation (a standalone VMI keeps no message).
+    reason: Option<String>,
+    message: Option<String>,
     node: Option<String>,
     grace_period_s: u64,
     /// The domain it runs as (mapped once per run, see `Reconciler::specs`).
@@ -80,8 +84,11 @@ struct PassState {
     features: Features,
     /// vmplane's domains by VMI uid.
     domains: Mutex<HashMap<Uuid, Located>>,
-    /// Nodes whose listing failed: nothing is concluded about their domains this pass.
+    /// Nodes whose listing failed: nothing is concluded about their domains this pass, and
+    /// nothing new is placed on them.
     unlisted_nodes: Vec<String>,
+    /// Since when (ms since the epoch) each unlisted node has failed, and its last error.
+    unreachable: HashMap<String, (i64, String)>,
     /// What is placed on each node (one entry per VMI with a node).
     placed: Mutex<Vec<(String, Resources)>>,
 }
@@ -127,6 +134,7 @@ impl Reconciler {
     pub(super) fn pass(&self, report: &mut PassReport) {
         let now_ms = self.control_plane.now_ms();
         let (domains, duplicates, unlisted_nodes) = self.observe_nodes(report);
+        let (unlisted_nodes, unreachable) = self.note_reachability(now_ms, &unlisted_nodes, report);
         let features = match self.control_plane.features() {
             Ok(features) => features,
             Err(e) => {
@@ -140,6 +148,7 @@ impl Reconciler {
             features,
             domains: Mutex::new(domains),
             unlisted_nodes,
+            unreachable,
             placed: Mutex::new(Vec::new()),
         };
         let vms = match self.control_plane.vms() {
@@ -220,11 +229,16 @@ impl Reconciler {
 
     /// Lists vmplane's domains on every node. A second domain of the same VMI (on another
     /// node) is returned apart, to be removed.
+    /// Nodes whose listing failed come back with the error.
     #[allow(clippy::type_complexity)]
     fn observe_nodes(
         &self,
         report: &mut PassReport,
-    ) -> (HashMap<Uuid, Located>, Vec<(Located, String)>, Vec<String>) {
+    ) -> (
+        HashMap<Uuid, Located>,
+        Vec<(Located, String)>,
+        Vec<(String, String)>,
+    ) {
         let mut domains: HashMap<Uuid, Located> = HashMap::new();
         let mut duplicates = Vec::new();
         let mut unlisted = Vec::new();
@@ -236,7 +250,7 @@ impl Reconciler {
                     report
                         .errors
                         .push(format!("listing node {}: {e}", node.name));
-                    unlisted.push(node.name.clone());
+                    unlisted.push((node.name.clone(), e.to_string()));
                     continue;
                 }
             };
@@ -266,9 +280,41 @@ impl Reconciler {
         (domains, duplicates, unlisted)
     }
 
+    /// Keeps since when each node has been unreachable (its listing failing pass after pass),
+    /// says when one answers again, and reports the unreachable nodes of this pass. Returns
+    /// the unlisted nodes' names with since when they fail and their last error.
+    fn note_reachability(
+        &self,
+        now_ms: i64,
+        unlisted: &[(String, String)],
+        report: &mut PassReport,
+    ) -> (Vec<String>, HashMap<String, (i64, String)>) {
+        let mut since = self
+            .unreachable_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        since.retain(|node, at_ms| {
+            let failing = unlisted.iter().any(|(n, _)| n == node);
+            if !failing {
+                tracing::info!(%node, unreachable_for_ms = now_ms.saturating_sub(*at_ms), "node answers again");
+            }
+            failing
+        });
+        let mut out = HashMap::new();
+        for (node, error) in unlisted {
+            let at_ms = *since.entry(node.clone()).or_insert(now_ms);
+            out.insert(node.clone(), (at_ms, error.clone()));
+        }
+        report.unreachable_nodes = unlisted.iter().map(|(n, _)| n.clone()).collect();
+        (report.unreachable_nodes.clone(), out)
+    }
+
     // ---- step: remove_unwanted_domains --------------------------------------------------
 
-    /// Destroys and undefines vmplane domains whose VMI no VM or standalone VMI has.
+    /// Destroys and undefines this log's domains whose VMI no VM or standalone VMI has, and
+    /// second domains of one VMI. A domain is this log's only when its VMI uid is one the log
+    /// recorded ([`crate::ControlPlane::recorded_vmis`]): any other vmplane domain is another
+    /// vmplane's (or made by hand), left alone and reported once (`PassReport::foreign_domains`).
     fn remove_unwanted_domains(
         &self,
         ps: &PassState,
@@ -276,23 +322,65 @@ impl Reconciler {
         wanted: &std::collections::HashSet<Uuid>,
         report: &mut PassReport,
     ) {
-        let mut doomed = duplicates;
         let unwanted: Vec<Uuid> = ps
             .domains()
             .keys()
             .filter(|uid| !wanted.contains(uid))
             .copied()
             .collect();
+        // A domain of a wanted VMI is this log's: the log recorded that uid.
+        let to_check: Vec<Uuid> = unwanted
+            .iter()
+            .copied()
+            .chain(
+                duplicates
+                    .iter()
+                    .map(|(d, _)| d.vmi_uid)
+                    .filter(|uid| !wanted.contains(uid)),
+            )
+            .collect();
+        let recorded = if to_check.is_empty() {
+            Default::default()
+        } else {
+            match self.control_plane.recorded_vmis(&to_check) {
+                Ok(recorded) => recorded,
+                Err(e) => {
+                    // Not knowing whose they are, touch none of them this pass.
+                    let mut domains = ps.domains();
+                    for uid in &unwanted {
+                        domains.remove(uid);
+                    }
+                    return report
+                        .errors
+                        .push(format!("reading which VMIs the log recorded: {e}"));
+                }
+            }
+        };
+        let ours = |uid: &Uuid| wanted.contains(uid) || recorded.contains(uid);
+        let mut doomed = Vec::new();
+        let mut foreign = Vec::new();
+        for (located, why) in duplicates {
+            if ours(&located.vmi_uid) {
+                doomed.push((located, why));
+            } else {
+                foreign.push(located);
+            }
+        }
         for uid in unwanted {
             let removed = ps.domains().remove(&uid);
             if let Some(located) = removed {
-                let why = format!(
-                    "vmplane domain of VMI {uid} ({}) is wanted by no VM or VMI",
-                    located.owner
-                );
-                doomed.push((located, why));
+                if ours(&uid) {
+                    let why = format!(
+                        "vmplane domain of VMI {uid} ({}) is wanted by no VM or VMI",
+                        located.owner
+                    );
+                    doomed.push((located, why));
+                } else {
+                    foreign.push(located);
+                }
             }
         }
+        self.note_foreign(ps, foreign, report);
         for (located, why) in doomed {
             let subject = format!("domain/{}/{}", located.node, located.name);
             match self.destroy_and_undefine(&located) {
@@ -302,6 +390,26 @@ impl Reconciler {
                     why,
                 }),
                 Err(e) => report.errors.push(format!("{subject}: {e}")),
+            }
+        }
+    }
+
+    /// Reports the foreign domains this pass found that the last pass did not (so each is
+    /// logged once, not every pass), and remembers the ones seen.
+    fn note_foreign(&self, ps: &PassState, foreign: Vec<Located>, report: &mut PassReport) {
+        let mut seen = self.foreign.lock().unwrap_or_else(|p| p.into_inner());
+        // A node that could not be listed says nothing about its domains: keep what is known.
+        seen.retain(|(node, uuid)| {
+            ps.node_unlisted(Some(node))
+                || foreign.iter().any(|f| &f.node == node && f.uuid == *uuid)
+        });
+        for located in foreign {
+            if seen.insert((located.node.clone(), located.uuid)) {
+                report.foreign_domains.push(format!(
+                    "domain/{}/{}: left alone: its vmplane metadata names VMI {} ({}), which this \
+                     log never recorded (another vmplane's domain, or one made by hand)",
+                    located.node, located.name, located.vmi_uid, located.owner
+                ));
             }
         }
     }
@@ -410,6 +518,8 @@ impl Reconciler {
             },
             uid,
             phase: v.phase,
+            reason: v.reason.clone(),
+            message: v.message.clone(),
             node: v.node.clone(),
             grace_period_s,
             spec: self.vm_spec(state, uid),
@@ -489,14 +599,76 @@ impl Reconciler {
         ps: &PassState,
         report: &mut PassReport,
     ) -> StepResult<Progress> {
-        if run.phase.is_final() || ps.node_unlisted(run.node.as_deref()) {
+        if run.phase.is_final() {
             return Ok(Progress::Done);
+        }
+        if ps.node_unlisted(run.node.as_deref()) {
+            return self.observe_node_unreachable(run, ps, report);
         }
         match (run.phase, &run.node) {
             (VmiPhase::Running | VmiPhase::Unknown, _) => self.observe_domain(run, ps, report),
             (_, None) => self.schedule_vmi(run, ps, report),
             (_, Some(_)) => self.start_domain(run, ps, report),
         }
+    }
+
+    // ---- step: observe_node_unreachable -------------------------------------------------
+
+    /// A VMI on a node whose listing fails: nothing is done to it (its domain may well still
+    /// run; only libvirt cannot be reached), but once the node has failed for
+    /// [`super::ReconcilerOptions::node_unreachable_timeout_ms`] the VMI stops claiming to be
+    /// Running and Ready: a running VMI goes to phase `Unknown` (KubeVirt: "the state of
+    /// the VMI could not be obtained, typically due to an error in communicating with the
+    /// host"), reason `NodeUnreachable`, so its `Ready` condition is False with that reason and
+    /// the VM's printableStatus is `Unknown`; a VMI scheduled there keeps its phase with that
+    /// reason. Not `Failed` (KubeVirt's `NodeUnresponsive`, which it records only once the
+    /// node's pods are known gone): a Failed VMI of a VM that wants one running is replaced,
+    /// and a second copy of a guest that may still run would share its disks. Once the node
+    /// answers, `observe_domain` records what libvirt says (Running again, or ended).
+    /// A standalone VMI goes `Unknown` as a VM's does.
+    fn observe_node_unreachable(
+        &self,
+        run: &Run,
+        ps: &PassState,
+        report: &mut PassReport,
+    ) -> StepResult<Progress> {
+        let Some(node) = run.node.as_deref() else {
+            return Ok(Progress::Done);
+        };
+        let Some((since_ms, error)) = ps.unreachable.get(node) else {
+            return Ok(Progress::Done);
+        };
+        let timeout_ms =
+            i64::try_from(self.options.node_unreachable_timeout_ms).unwrap_or(i64::MAX);
+        let due_ms = since_ms.saturating_add(timeout_ms);
+        if ps.now_ms < due_ms {
+            report.due(due_ms);
+            return Ok(Progress::Done);
+        }
+        if run.reason.as_deref() == Some(NODE_UNREACHABLE_REASON) {
+            return Ok(Progress::Done);
+        }
+        let phase = match run.phase {
+            VmiPhase::Running | VmiPhase::Unknown => VmiPhase::Unknown,
+            VmiPhase::Scheduled => VmiPhase::Scheduled,
+            _ => return Ok(Progress::Done),
+        };
+        let observation = VmiObservation::Phase {
+            phase,
+            reason: Some(NODE_UNREACHABLE_REASON.into()),
+            message: Some(format!(
+                "node {node} has not answered for more than {} s; whether the guest still runs \
+                 there is unknown",
+                self.options.node_unreachable_timeout_ms / 1000
+            )),
+        };
+        let why = format!(
+            "VMI {} is {} on node {node}, unreachable for {} s: {error}",
+            run.uid,
+            run.phase.as_str(),
+            ps.now_ms.saturating_sub(*since_ms) / 1000
+        );
+        self.record(run, observation, "observe_node_unreachable", why, report)
     }
 
     // ---- step: schedule_vmi -------------------------------------------------------------
@@ -533,10 +705,11 @@ impl Reconciler {
             let mut placed = ps.placed.lock().unwrap_or_else(|p| p.into_inner());
             let chosen = self
                 .nodes
-                .place(
+                .place_reachable(
                     request,
                     placed.iter().map(|(n, r)| (n.as_str(), *r)),
                     &spec.node_selector,
+                    &ps.unlisted_nodes,
                 )
                 .map(|node| node.name.clone());
             if let Ok(node) = &chosen {
@@ -561,9 +734,20 @@ impl Reconciler {
                 )
             }
             Err(unschedulable) => {
+                // Recorded when the reasons change, not the free figures: they change with
+                // every VMI placed or stopped elsewhere, and the log would fill with them.
+                let recorded = run.phase == VmiPhase::Scheduling
+                    && run.reason.as_deref() == Some(UNSCHEDULABLE_REASON)
+                    && run
+                        .message
+                        .as_deref()
+                        .is_some_and(|m| Unschedulable::reasons_of(m) == unschedulable.reasons());
+                if recorded {
+                    return Ok(Progress::Done);
+                }
                 let observation = VmiObservation::Phase {
                     phase: VmiPhase::Scheduling,
-                    reason: Some("Unschedulable".into()),
+                    reason: Some(UNSCHEDULABLE_REASON.into()),
                     message: Some(unschedulable.to_string()),
                 };
                 let why = format!("VMI {} cannot be placed: {unschedulable}", run.uid);
@@ -707,7 +891,11 @@ impl Reconciler {
                 self.record(run, observation, "observe_domain", why, report)
             }
             Some(found) if found.status.is_active() => {
-                if run.phase == VmiPhase::Running {
+                // Running as recorded; a standalone VMI whose node was unreachable also drops
+                // the reason it kept meanwhile.
+                if run.phase == VmiPhase::Running
+                    && run.reason.as_deref() != Some(NODE_UNREACHABLE_REASON)
+                {
                     return Ok(Progress::Done);
                 }
                 let why = format!(
@@ -1013,11 +1201,20 @@ fn standalone_run(state: &VmiState, spec: Arc<Result<DomainSpec, SpecError>>) ->
         },
         uid,
         phase: state.phase.unwrap_or(VmiPhase::Pending),
+        reason: state.reason.clone(),
+        message: None,
         node: state.node.clone(),
         grace_period_s,
         spec,
     })
 }
+
+/// The reason of a VMI that no node has room for (KubeVirt's `PodReasonUnschedulable`).
+const UNSCHEDULABLE_REASON: &str = "Unschedulable";
+
+/// The reason of a VMI whose node has not answered for the timeout (Kubernetes' word for a
+/// node that stopped reporting, as in its `node.kubernetes.io/unreachable` taint).
+pub(crate) const NODE_UNREACHABLE_REASON: &str = "NodeUnreachable";
 
 fn failed(reason: &str, message: String) -> VmiObservation {
     VmiObservation::Phase {

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use vmplane_hypervisor::{
     CpuTopology, Disk, DiskBus, DiskDevice, DiskFormat, DomainName, DomainSpec, Firmware,
     InstanceMetadata, Interface, InterfaceSource, LibvirtHypervisor, LibvirtOptions,
-    LifecycleEvent, MacAddress, NicModel, VirtType,
+    LifecycleEvent, MACHINE_TYPE_DEFAULT, MacAddress, NicModel, VirtType,
 };
 
 pub const MIB: u64 = 1 << 20;
@@ -78,6 +78,7 @@ pub fn minimal_spec(namespace: &str, name: &str) -> DomainSpec {
         emulator: None,
         cpu: CpuTopology::sockets(1),
         memory_bytes: 64 * MIB,
+        machine: MACHINE_TYPE_DEFAULT.to_owned(),
         firmware: Firmware::Bios,
         disks: Vec::new(),
         interfaces: Vec::new(),

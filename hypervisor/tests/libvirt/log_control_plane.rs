@@ -9,7 +9,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -30,6 +30,22 @@ struct Folded {
     vms: BTreeMap<String, VmState>,
     vmis: BTreeMap<String, VmiState>,
     cluster: ObjectState,
+    /// Every VMI uid the log recorded (`VmiLaunched`, `VmiCreated`).
+    vmi_uids: HashSet<Uuid>,
+}
+
+impl Folded {
+    fn note(&mut self, event: &vmplane_core::Event) {
+        match event {
+            vmplane_core::Event::VmiLaunched(e) => {
+                self.vmi_uids.insert(e.vmi_uid);
+            }
+            vmplane_core::Event::VmiCreated(e) => {
+                self.vmi_uids.insert(e.uid);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The control plane of the tests.
@@ -49,6 +65,7 @@ impl LogControlPlane {
         log.scan(Position(0), &mut |e| {
             let event = vmplane_core::decode(e.event_type, e.schema_version, e.payload)
                 .expect("events in the log decode");
+            folded.note(&event);
             if e.stream.starts_with("vm/") {
                 let s = folded.vms.remove(e.stream).unwrap_or_default();
                 folded
@@ -90,6 +107,20 @@ impl LogControlPlane {
         self.log
             .scan(Position(after), &mut |e| {
                 out.push((e.actor.to_owned(), e.event_type.to_owned()));
+                ControlFlow::Continue(())
+            })
+            .expect("scan");
+        out
+    }
+
+    /// The event types of `stream`, in order.
+    pub fn event_types(&self, stream: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        self.log
+            .scan(Position(0), &mut |e| {
+                if e.stream == stream {
+                    out.push(e.event_type.to_owned());
+                }
                 ControlFlow::Continue(())
             })
             .expect("scan");
@@ -189,6 +220,7 @@ impl LogControlPlane {
         let events_appended = self.append(&stream, state.revision, &decision, actor)?;
         let state = decision.events.iter().fold(state, vm::evolve);
         let mut folded = self.lock();
+        decision.events.iter().for_each(|e| folded.note(e));
         let newer = folded
             .vms
             .get(&stream)
@@ -217,6 +249,7 @@ impl LogControlPlane {
         let events_appended = self.append(&stream, state.revision, &decision, actor)?;
         let state = decision.events.iter().fold(state, vmi::evolve);
         let mut folded = self.lock();
+        decision.events.iter().for_each(|e| folded.note(e));
         let newer = folded
             .vmis
             .get(&stream)
@@ -295,6 +328,15 @@ impl ControlPlane for LogControlPlane {
 
     fn features(&self) -> Result<Features, ControlPlaneError> {
         Ok(Features::from_cluster(&self.lock().cluster))
+    }
+
+    fn recorded_vmis(&self, uids: &[Uuid]) -> Result<HashSet<Uuid>, ControlPlaneError> {
+        let folded = self.lock();
+        Ok(uids
+            .iter()
+            .filter(|u| folded.vmi_uids.contains(u))
+            .copied()
+            .collect())
     }
 
     fn execute(

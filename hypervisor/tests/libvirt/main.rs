@@ -15,6 +15,8 @@ mod log_control_plane;
 mod ownership;
 mod placement;
 mod qemu;
+mod quiet;
 mod reconciler;
+mod reconnect;
 mod xml_props;
 mod xml_validate;
