@@ -324,6 +324,9 @@ pub mod codes {
     pub const ALREADY_EXISTS: &str = "ALREADY_EXISTS";
     /// The object does not exist.
     pub const NOT_FOUND: &str = "NOT_FOUND";
+    /// The object is being deleted (a VM Terminating while its VMI stops): it may not be
+    /// created again, edited, started, stopped, restarted or snapshotted until it is gone.
+    pub const BEING_DELETED: &str = "BEING_DELETED";
     /// Expected generation mismatch.
     pub const GENERATION_CONFLICT: &str = "GENERATION_CONFLICT";
     /// Expected resourceVersion mismatch: the object changed since it was read.

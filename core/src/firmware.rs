@@ -207,7 +207,9 @@ pub fn interface_names(vm: &VirtualMachine) -> Vec<String> {
 /// it as it was. It follows the deciders' rules (`aggregate::vm`, `aggregate::vmi`): a create
 /// acquires; an edit to another UUID acquires the new one and releases the old one, unless a
 /// running VMI still has it (then the VMI's removal releases it); a delete releases the VM's
-/// UUID and the one its VMI still had.
+/// UUID and the one its VMI still had (a delete of a VM whose VMI is active only asks for it,
+/// `VmDeletionRequested`, which holds on to both: the `VmDeleted` recorded with that VMI's
+/// removal releases them).
 #[derive(Debug, Default)]
 pub struct ClaimReplay {
     streams: std::collections::HashMap<String, Held>,

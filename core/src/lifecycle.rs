@@ -81,7 +81,8 @@ pub enum DesiredAction {
         /// Which VMI.
         vmi_uid: uuid::Uuid,
     },
-    /// Remove the ended VMI (a new one may follow).
+    /// Remove the VMI: an ended one (a new one may follow), or one never placed on a node
+    /// that a stop or a deletion ends (nothing to shut down).
     Remove {
         /// Which VMI.
         vmi_uid: uuid::Uuid,
@@ -121,9 +122,10 @@ pub fn running_feature_mismatch(s: &VmState, features: &Features) -> Vec<Feature
 /// VMI is never stopped for that).
 pub fn desired_action(s: &VmState, features: &Features, now_ms: i64) -> DesiredAction {
     let vmi = s.run.vmi.as_ref();
-    if s.existence != Existence::Live {
+    // Deleted, or being deleted (Terminating): its VMI is stopped, then removed.
+    if !s.is_live() {
         return match vmi {
-            Some(v) if !v.phase.is_final() => DesiredAction::Stop { vmi_uid: v.uid },
+            Some(v) if !v.phase.is_final() => stop_or_remove(v),
             Some(v) => DesiredAction::Remove { vmi_uid: v.uid },
             None => DesiredAction::Nothing,
         };
@@ -135,12 +137,15 @@ pub fn desired_action(s: &VmState, features: &Features, now_ms: i64) -> DesiredA
         if !v.phase.is_final() {
             let stop = rs == RunStrategy::Halted || s.run.stop_requested_for == Some(v.uid);
             return if stop {
-                DesiredAction::Stop { vmi_uid: v.uid }
+                stop_or_remove(v)
             } else {
                 DesiredAction::Nothing
             };
         }
+        // A VMI that ended after a stop request is removed whatever the strategy: KubeVirt's
+        // stop deletes the VMI (`stopVMI`), Manual's included.
         let remove = s.run.restart_requested
+            || s.run.stop_requested_for == Some(v.uid)
             || match rs {
                 RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Halted => true,
                 RunStrategy::Manual => s.run.start_requested,
@@ -174,6 +179,20 @@ pub fn desired_action(s: &VmState, features: &Features, now_ms: i64) -> DesiredA
     }
 }
 
+/// How a VMI that has not ended is stopped: one never placed on a node (Pending, or Scheduling
+/// and unschedulable) has no domain to shut down and never ran, so it is removed at once
+/// rather than recorded as ended (it did not succeed, nor fail); any other is stopped (the
+/// guest asked to shut down, its final phase recorded, then removed).
+fn stop_or_remove(v: &VmiRun) -> DesiredAction {
+    let never_placed =
+        v.node.is_none() && matches!(v.phase, VmiPhase::Pending | VmiPhase::Scheduling);
+    if never_placed {
+        DesiredAction::Remove { vmi_uid: v.uid }
+    } else {
+        DesiredAction::Stop { vmi_uid: v.uid }
+    }
+}
+
 /// KubeVirt's crash-loop backoff after `failures` VMIs in a row ended before running:
 /// `10 s × failures²` plus a random part of up to half of that, capped at 300 s.
 pub fn backoff_delay_ms(failures: u32, ctx: &mut Ctx) -> i64 {
@@ -199,7 +218,7 @@ pub enum PrintableStatus {
     Paused,
     /// The VMI is being stopped.
     Stopping,
-    /// The VM was deleted while its VMI runs.
+    /// The VM is being deleted (`metadata.deletionTimestamp`): its VMI is being stopped.
     Terminating,
     /// Crash-loop backoff.
     CrashLoopBackOff,
@@ -246,10 +265,16 @@ pub fn printable_status(s: &VmState, features: &Features, now_ms: i64) -> Printa
     let vmi = s.run.vmi.as_ref();
     let active = s.active_vmi();
     let action = desired_action(s, features, now_ms);
-    if s.existence == Existence::Deleted && active.is_some() {
+    // KubeVirt's first check: the VM has a deletionTimestamp (its VMI is still there).
+    if s.terminating().is_some() || (s.existence == Existence::Deleted && active.is_some()) {
         return PrintableStatus::Terminating;
     }
-    if active.is_some() && matches!(action, DesiredAction::Stop { .. }) {
+    if active.is_some()
+        && matches!(
+            action,
+            DesiredAction::Stop { .. } | DesiredAction::Remove { .. }
+        )
+    {
         return PrintableStatus::Stopping;
     }
     if let Some(v) = active {
@@ -429,7 +454,7 @@ pub fn conditions(s: &VmState, features: &Features, now_ms: i64) -> Vec<Conditio
                 features::not_enabled_message(&running)
             ),
         });
-    } else if s.existence == Existence::Live && s.active_vmi().is_none() {
+    } else if s.is_live() && s.active_vmi().is_none() {
         let blockers = feature_blockers(s, features);
         if !blockers.is_empty() {
             out.push(Condition {
@@ -469,7 +494,8 @@ pub fn render(s: &VmState, features: &Features, now_ms: i64) -> Option<VirtualMa
 }
 
 /// The stored part of [`render`]: the VM object with its uid and generation, without a
-/// status. It changes only with the object, its uid or its generation, so a caller that
+/// status. It changes only with the object, its uid, its generation or its deletion (a
+/// Terminating VM's `metadata.deletionTimestamp`), so a caller that
 /// renders many states of one VM (time travel) may serialize it once and add each state's
 /// [`render_status`]. `None` if no VM object is stored.
 pub fn render_object(s: &VmState) -> Option<VirtualMachine> {
@@ -485,6 +511,15 @@ pub fn render_metadata(s: &VmState) -> Option<ObjectMeta> {
     let mut meta = s.vm.as_deref()?.metadata.clone();
     meta.uid = s.uid.map(|u| u.to_string());
     meta.generation = i64::try_from(s.generation).ok();
+    // A Terminating VM: when its deletion was asked for (the stored object never holds it:
+    // `defaults` strips it from every manifest).
+    if let Some(at) = s
+        .terminating()
+        .and_then(|d| crate::aggregate::dataprotection::rfc3339(d.at_ms))
+    {
+        meta.extra
+            .insert("deletionTimestamp".into(), Value::String(at));
+    }
     Some(meta)
 }
 
@@ -498,7 +533,7 @@ pub fn render_status(s: &VmState, features: &Features, now_ms: i64) -> Option<Va
 /// `serde_json::Value` first (a write's answer serializes it straight into its text).
 /// `None` if the VM does not exist.
 pub fn vm_status(s: &VmState, features: &Features, now_ms: i64) -> Option<VmStatus> {
-    if s.existence != Existence::Live {
+    if !s.exists() {
         return None;
     }
     let vmi = s.run.vmi.as_ref();

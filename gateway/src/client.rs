@@ -330,6 +330,14 @@ fn hint(status: &Status, about: Option<&About<'_>>) -> Option<String> {
             ),
             None => "re-read the object with `vmplane get`, then retry".into(),
         }),
+        // A VM being deleted: the server's message says what to wait for.
+        tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists
+            if reasons
+                .split(',')
+                .any(|r| r == vmplane_core::codes::BEING_DELETED) =>
+        {
+            None
+        }
         tonic::Code::FailedPrecondition
             if reasons
                 .split(',')

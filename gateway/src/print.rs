@@ -512,6 +512,13 @@ pub fn describe(
     if let Some(at) = created {
         fields.push(("Created:", format!("{at} ({} ago)", age(Some(at), now))));
     }
+    // Being deleted (a VM Terminating while its VMI stops).
+    if let Some(at) = str_at(&v, &["metadata", "deletionTimestamp"]) {
+        fields.push((
+            "Deletion:",
+            format!("requested {at} ({} ago)", age(Some(at), now)),
+        ));
+    }
     fields.push(("Labels:", pairs("labels")));
     fields.push(("Annotations:", pairs("annotations")));
     for (label, value) in fields {
@@ -1297,6 +1304,21 @@ mod tests {
             String::from_utf8(out)
                 .expect("utf-8")
                 .ends_with("Events:            <none>\n")
+        );
+        assert!(!all.contains("Deletion:"), "{all}");
+        // A VM being deleted says since when.
+        let going = pb::Object {
+            json: json!({"metadata": {"deletionTimestamp": "2026-11-22T12:00:00Z"},
+                "status": {"printableStatus": "Terminating"}})
+            .to_string(),
+            ..obj.clone()
+        };
+        let mut out = Vec::new();
+        describe(&mut out, &going, &[], 20).expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(
+            text.contains("Deletion:          requested 2026-11-22T12:00:00Z ("),
+            "{text}"
         );
     }
 

@@ -213,6 +213,33 @@ fn check_expected(
     }
 }
 
+/// A VM apply made on the object as it was read (conditional on the position of its last
+/// event, which [`check_expected`] found unchanged: `patch`, `label`, `annotate`, a manifest
+/// read with `get -o yaml` and edited) is an edit of that object, and is decided as core's
+/// update: the same decision for a live VM, and for one being deleted the refusal of an edit
+/// rather than of a create of its name. `None` for any other command (decided as it is).
+fn edit_of_read(
+    command: &Command,
+    expected: Option<Position>,
+    if_live: Preconditions,
+    snapshot: &Snapshot,
+) -> Option<Command> {
+    let Command::Vm {
+        namespace,
+        name,
+        command: VmCommand::Apply(put),
+    } = command
+    else {
+        return None;
+    };
+    let read_at = expected.or(if_live.position)?;
+    (read_at.0 > 0 && snapshot.state.is_live()).then(|| Command::Vm {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        command: VmCommand::Update(put.clone()),
+    })
+}
+
 /// What an accepted command did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Executed {
@@ -350,7 +377,8 @@ impl CommandHandler {
             attempts += 1;
             let (snapshot, revision) = self.load(&stream, kind)?;
             check_expected(meta.expected_position, meta.if_live, &snapshot)?;
-            let command = self.resolve(&snapshot.state, &command)?;
+            let edit = edit_of_read(&command, meta.expected_position, meta.if_live, &snapshot);
+            let command = self.resolve(&snapshot.state, edit.as_ref().unwrap_or(&command))?;
             let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
             let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
             {
@@ -420,7 +448,12 @@ impl CommandHandler {
             if needs_resolving(&snapshot.state, &command) {
                 return Ok(AsyncExecuted::Blocking(command));
             }
-            let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
+            let edit = edit_of_read(&command, meta.expected_position, meta.if_live, &snapshot);
+            let decision = decide(
+                &snapshot.state,
+                edit.as_ref().unwrap_or(&command),
+                &mut fresh_ctx(),
+            )?;
             let (decision, after) = match attempt(&stream, &snapshot, revision, decision, attempts)
             {
                 Attempt::Unchanged(done) => {
@@ -660,7 +693,8 @@ impl CommandHandler {
     ) -> Result<(Arc<Snapshot>, Decision), CommandError> {
         let (snapshot, _) = self.load(&command.stream(), command.kind())?;
         check_expected(expected, if_live, &snapshot)?;
-        let command = self.resolve(&snapshot.state, command)?;
+        let edit = edit_of_read(command, expected, if_live, &snapshot);
+        let command = self.resolve(&snapshot.state, edit.as_ref().unwrap_or(command))?;
         let decision = decide(&snapshot.state, &command, &mut fresh_ctx())?;
         Ok((snapshot, decision))
     }
@@ -674,7 +708,7 @@ impl CommandHandler {
     }
 
     /// The stored VM `namespace/name` fully rendered (instancetype, preference, defaults,
-    /// firmware identity), or `None` if no VM lives under that name.
+    /// firmware identity), or `None` if no VM exists under that name (a Terminating one does).
     pub fn expand_vm(
         &self,
         namespace: &str,
@@ -683,7 +717,7 @@ impl CommandHandler {
         let stream = stream_of(Kind::VirtualMachine, namespace, name);
         let (snapshot, _) = self.load(&stream, Kind::VirtualMachine)?;
         match &snapshot.state {
-            AggState::Vm(s) if s.is_live() => Ok(Some(s.expand()?)),
+            AggState::Vm(s) if s.exists() => Ok(Some(s.expand()?)),
             _ => Ok(None),
         }
     }
@@ -803,7 +837,9 @@ impl CommandHandler {
         let outcome = match event.event_type.as_str() {
             "VmCreated" | "VmiCreated" | "ObjectCreated" => Outcome::Created,
             "VmSpecEdited" | "ObjectUpdated" => Outcome::Configured,
-            "VmDeleted" | "VmiDeleted" | "ObjectDeleted" => Outcome::Deleted,
+            "VmDeleted" | "VmDeletionRequested" | "VmiDeleted" | "ObjectDeleted" => {
+                Outcome::Deleted
+            }
             _ => Outcome::Recorded,
         };
         let kind = crate::model::parse_stream(&event.stream)

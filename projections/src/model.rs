@@ -165,11 +165,12 @@ impl AggState {
         }
     }
 
-    /// Whether an object lives under the stream's name.
+    /// Whether an object lives under the stream's name (a VM being deleted, Terminating while
+    /// its VMI stops, included: it is still there to read).
     #[must_use]
     pub fn is_live(&self) -> bool {
         match self {
-            AggState::Vm(s) => s.is_live(),
+            AggState::Vm(s) => s.exists(),
             AggState::Vmi(s) => s.is_live(),
             AggState::Snapshot(s) => s.is_live(),
             AggState::Restore(s) => s.is_live(),
@@ -196,8 +197,9 @@ impl AggState {
 /// A VM state's stored object serialized once ([`vmplane_core::lifecycle::render_object`] with
 /// a `status` placeholder where the status goes), for the states folded from one snapshot to
 /// share: rendering one of them clones this tree instead of cloning the typed VM and
-/// serializing it again. It is a cache of a pure function of `(vm, uid, generation)`, which it
-/// records and is checked against before use; [`Snapshot::apply`] starts a new one when a
+/// serializing it again. It is a cache of a pure function of `(vm, uid, generation,
+/// deletion)` (a Terminating VM's `metadata.deletionTimestamp`), which it records and is
+/// checked against before use; [`Snapshot::apply`] starts a new one when a
 /// fold changes any of them.
 #[derive(Clone, Default)]
 pub(crate) struct VmJson(Arc<OnceLock<VmJsonEntry>>);
@@ -206,6 +208,8 @@ struct VmJsonEntry {
     vm: Arc<VirtualMachine>,
     uid: Option<Uuid>,
     generation: u64,
+    /// When a deletion of the VM was asked for, if it is Terminating.
+    deletion_ms: Option<i64>,
     object: Value,
     /// The object's text for [`crate::render::render_json`], made on first use.
     template: OnceLock<VmTemplate>,
@@ -225,6 +229,7 @@ impl VmJson {
             vm: Arc::clone(vm),
             uid: state.uid,
             generation: state.generation,
+            deletion_ms: deletion_ms(state),
             object: serialize_with_status_slot(state).unwrap_or(Value::Null),
             template: OnceLock::new(),
         }))
@@ -275,16 +280,33 @@ impl VmJson {
         before.0 == after.vm.as_ref().map(Arc::as_ptr)
             && before.1 == after.uid
             && before.2 == after.generation
+            && before.3 == deletion_ms(after)
     }
 }
 
-type VmKey = (Option<*const VirtualMachine>, Option<Uuid>, u64);
+type VmKey = (
+    Option<*const VirtualMachine>,
+    Option<Uuid>,
+    u64,
+    Option<i64>,
+);
 
 fn vm_key(state: &AggState) -> Option<VmKey> {
     match state {
-        AggState::Vm(s) => Some((s.vm.as_ref().map(Arc::as_ptr), s.uid, s.generation)),
+        AggState::Vm(s) => Some((
+            s.vm.as_ref().map(Arc::as_ptr),
+            s.uid,
+            s.generation,
+            deletion_ms(s),
+        )),
         _ => None,
     }
+}
+
+/// When the deletion of a Terminating VM was asked for (its rendered
+/// `metadata.deletionTimestamp`); `None` for any other.
+fn deletion_ms(state: &VmState) -> Option<i64> {
+    state.terminating().map(|d| d.at_ms)
 }
 
 impl VmJsonEntry {
@@ -295,6 +317,7 @@ impl VmJsonEntry {
             .is_some_and(|vm| Arc::ptr_eq(vm, &self.vm))
             && state.uid == self.uid
             && state.generation == self.generation
+            && deletion_ms(state) == self.deletion_ms
     }
 }
 

@@ -900,7 +900,8 @@ impl ReadModel {
             let entry = &self.data.entries[idx as usize];
             let snapshot = cache.state_at(log, &entry.stream, entry.kind(), entry.revision())?;
             let derived = match &snapshot.state {
-                AggState::Vm(state) if state.is_live() => derived_of(state),
+                // A Terminating VM still requests what its spec does.
+                AggState::Vm(state) if state.exists() => derived_of(state),
                 // Standalone VMIs request features too (`features usage` lists them).
                 AggState::Vmi(state) if state.is_live() => Derived {
                     features: crate::features::vmi_state_features(state),

@@ -128,17 +128,15 @@ pub fn render_once_json(
     render_text(snapshot, kind, features, now_ms, render_vm_direct)
 }
 
-/// What a write's answer carries in its basic view (everything but the object's text): a live
+/// What a write's answer carries in its basic view (everything but the object's text): a
 /// VM's kind, namespace, name, uid, generation and resource version, from its state alone,
 /// with nothing rendered. They are the fields [`render_once_json`] gives the same snapshot.
-/// `None` for other kinds and for a VM that is not live: the caller renders those as usual,
-/// then leaves the text out.
+/// `None` for other kinds and for a VM that does not exist (a Terminating one does): the
+/// caller renders those as usual, then leaves the text out.
 #[must_use]
 pub fn header(snapshot: &Snapshot, kind: Kind) -> Option<Rendered<()>> {
     match (&snapshot.state, kind) {
-        (AggState::Vm(s), Kind::VirtualMachine) if s.is_live() => {
-            Some(vm_rendered(s, snapshot, ()))
-        }
+        (AggState::Vm(s), Kind::VirtualMachine) if s.exists() => Some(vm_rendered(s, snapshot, ())),
         _ => None,
     }
 }
@@ -688,6 +686,46 @@ mod tests {
         let (got, want) = text(&base, &features);
         assert_eq!(got, want);
         assert!(got.contains("128Mi"));
+    }
+
+    #[test]
+    fn a_terminating_vm_renders_its_deletion_timestamp_every_way_and_its_state_before_none() {
+        let features = Features::defaults();
+        let vmi = Uuid::from_u128(9);
+        let mut base = Snapshot::empty(Kind::VirtualMachine);
+        apply(&mut base, &created(manifest(128), Some("serial")));
+        apply(
+            &mut base,
+            &Event::VmiLaunched(VmiLaunched {
+                vmi_uid: vmi,
+                vm_generation: 1,
+                paused: false,
+                at_ms: 1_700_000_000_000,
+            }),
+        );
+        // The state before is read first: its memo is made, and shared with the next.
+        let (got, want) = text(&base, &features);
+        assert_eq!(got, want);
+        let mut going = base.clone();
+        apply(
+            &mut going,
+            &Event::VmDeletionRequested(vmplane_core::event::VmDeletionRequested {
+                uid: Uuid::from_u128(1),
+                vmi_uid: vmi,
+                at_ms: 1_700_000_003_000,
+            }),
+        );
+        let (got, want) = text(&going, &features);
+        assert_eq!(got, want);
+        assert!(
+            got.contains(r#""deletionTimestamp":"2023-11-14T22:13:23Z","resourceVersion""#),
+            "{got}"
+        );
+        assert!(got.contains(r#""printableStatus":"Terminating""#), "{got}");
+        let (got, want) = text(&base, &features);
+        assert_eq!(got, want);
+        assert!(!got.contains("deletionTimestamp"), "{got}");
+        assert!(header(&going, Kind::VirtualMachine).is_some());
     }
 
     #[test]

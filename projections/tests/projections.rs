@@ -728,6 +728,203 @@ fn history_and_audit_say_what_an_edit_changed_labels_alone_or_the_run_strategy()
 }
 
 #[test]
+fn a_deleted_running_vm_is_read_terminating_until_its_vmi_is_gone_and_the_log_says_who_and_when() {
+    let env = env();
+    let reconciler = "system:reconciler";
+    env.apply_vm("alice", vm("team-a", "going", "128Mi"));
+    env.vm_command(
+        "alice",
+        "team-a",
+        "going",
+        VmCommand::Start { paused: false },
+    );
+    env.vm_command(
+        reconciler,
+        "team-a",
+        "going",
+        VmCommand::LaunchVmi {
+            features: vmplane_core::Features::defaults(),
+        },
+    );
+    let read = |position| {
+        env.projections
+            .get(Kind::VirtualMachine, "team-a", "going", Some(position))
+            .expect("get")
+    };
+    let vmi = |position| {
+        let view = env
+            .projections
+            .get(
+                Kind::VirtualMachineInstance,
+                "team-a",
+                "going",
+                Some(position),
+            )
+            .expect("get vmi")
+            .expect("a VMI");
+        view.uid.expect("uid").parse().expect("uuid")
+    };
+    let launched = env.vm_command(
+        reconciler,
+        "team-a",
+        "going",
+        VmCommand::ObserveVmi {
+            vmi_uid: vmi(Position(0)),
+            observation: vmplane_core::VmiObservation::Phase {
+                phase: vmplane_core::event::VmiPhase::Running,
+                reason: None,
+                message: None,
+            },
+        },
+    );
+    let uid = vmi(launched.position);
+    // bob deletes it: still there, Terminating, with a deletionTimestamp; listed too.
+    let asked = env.vm_command(
+        "bob",
+        "team-a",
+        "going",
+        VmCommand::Delete {
+            expected_generation: None,
+        },
+    );
+    assert_eq!(asked.outcome, Outcome::Deleted);
+    let view = read(asked.position).expect("a Terminating VM is read");
+    assert_eq!(view.object["status"]["printableStatus"], "Terminating");
+    let at = view.object["metadata"]["deletionTimestamp"]
+        .as_str()
+        .expect("a deletionTimestamp")
+        .to_owned();
+    // The text a reader gets is the tree's (the memo of the object before is not reused).
+    let json = env
+        .projections
+        .get_json(Kind::VirtualMachine, "team-a", "going", None)
+        .expect("get json")
+        .expect("there");
+    assert_eq!(json, view.clone().into_json());
+    let listed = env
+        .projections
+        .list(Kind::VirtualMachine, Some("team-a"), None)
+        .expect("list");
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(
+        listed.items[0].object["status"]["printableStatus"],
+        "Terminating"
+    );
+    // A second delete is accepted and appends nothing.
+    let again = env.vm_command(
+        "bob",
+        "team-a",
+        "going",
+        VmCommand::Delete {
+            expected_generation: None,
+        },
+    );
+    assert_eq!((again.outcome, again.append), (Outcome::Unchanged, None));
+    // Its name is not free: an apply is refused as a create would be, an edit of the object as
+    // read (`label`, `patch`: conditional on its resourceVersion) as an edit; nothing appended.
+    let refused = |expected_position: Option<Position>| {
+        let meta = vmplane_projections::CommandMeta {
+            expected_position,
+            ..common::meta("bob")
+        };
+        let mut labelled = vm("team-a", "going", "128Mi");
+        labelled.metadata.labels = Some([("tier".to_owned(), "gold".into())].into_iter().collect());
+        match env.commands.execute(
+            &meta,
+            Command::apply(vmplane_core::types::Manifest::VirtualMachine(Box::new(
+                labelled,
+            ))),
+        ) {
+            Err(CommandError::Rejected(r)) => r,
+            other => panic!("not refused: {other:?}"),
+        }
+    };
+    let r = refused(None);
+    assert_eq!(r.category, Category::AlreadyExists);
+    assert!(r.has_code(codes::BEING_DELETED), "{r}");
+    let r = refused(Some(asked.position));
+    assert_eq!(r.category, Category::FailedPrecondition, "{r}");
+    assert!(r.to_string().contains("an edit is refused"), "{r}");
+    assert_eq!(env.commands.head(), asked.position);
+    // The reconciler stops, then removes the VMI: the VM goes with it.
+    for observation in [
+        vmplane_core::VmiObservation::Phase {
+            phase: vmplane_core::event::VmiPhase::Succeeded,
+            reason: Some("Shutdown".into()),
+            message: None,
+        },
+        vmplane_core::VmiObservation::Removed,
+    ] {
+        env.vm_command(
+            reconciler,
+            "team-a",
+            "going",
+            VmCommand::ObserveVmi {
+                vmi_uid: uid,
+                observation,
+            },
+        );
+    }
+    let gone = env.commands.head();
+    assert_eq!(read(gone), None);
+    assert!(
+        env.projections
+            .list(Kind::VirtualMachine, Some("team-a"), None)
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    let history = env
+        .projections
+        .history(Kind::VirtualMachine, "team-a", "going")
+        .expect("history");
+    let rows: Vec<(&str, Vec<&str>)> = history
+        .iter()
+        .map(|h| {
+            (
+                h.actor.as_str(),
+                h.events.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows[rows.len() - 3..],
+        [
+            ("bob", vec!["VmDeletionRequested"]),
+            (reconciler, vec!["VmiPhaseObserved"]),
+            (reconciler, vec!["VmiRemoved", "VmDeleted"]),
+        ],
+        "{history:#?}"
+    );
+    let asked_row = &history[history.len() - 3];
+    assert_eq!(
+        asked_row.summary,
+        format!("deletion requested: Terminating until VMI {uid} is gone")
+    );
+    assert_eq!(
+        history.last().map(|h| h.summary.as_str()),
+        Some(format!("VMI {uid} removed; deleted").as_str())
+    );
+    // The read model rebuilt from the log reaches the same digest.
+    let digest = env.projections.digest().expect("digest");
+    let env = env.restart();
+    env.projections.rebuild().expect("rebuild");
+    assert_eq!(env.projections.digest().expect("digest"), digest);
+    // Time travel: as it was while it went.
+    let then = env
+        .projections
+        .get_at(
+            Kind::VirtualMachine,
+            "team-a",
+            "going",
+            At::Position(asked.position),
+        )
+        .expect("get at")
+        .expect("there then");
+    assert_eq!(then.object["metadata"]["deletionTimestamp"], at.as_str());
+}
+
+#[test]
 fn history_diff_and_audit() {
     let env = env();
     let t0 = Timestamp::now();

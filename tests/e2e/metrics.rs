@@ -1,31 +1,11 @@
 //! `--metrics-listen`: Prometheus metrics by method and final code (a stream's when it ends),
 //! log position, lag, VMs by status; and the tracing span of every request.
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use vmplane_tests::{Cli, Server, run_cli};
+use vmplane_tests::{Cli, Server, free_port, run_cli, scrape};
 
 use crate::{channel, rt};
-
-/// Picks a free loopback port for the metrics listener (the gRPC one is chosen by the server).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-fn scrape(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to metrics");
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    assert!(
-        out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
-        "{out}"
-    );
-    out
-}
 
 #[test]
 fn metrics_count_requests_by_method_and_code_and_report_vms_by_status() {

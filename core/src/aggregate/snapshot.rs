@@ -212,6 +212,13 @@ fn take(state: &SnapshotState, t: &TakeSnapshot, ctx: &mut Ctx) -> Result<Decisi
     if created.is_none() && state.phase() != SnapshotPhase::InProgress {
         return Ok(Decision::unchanged());
     }
+    // A new snapshot of a VM being deleted is refused, nothing recorded (one already in
+    // progress when its VM began to go fails below: its source is not live).
+    if created.is_some()
+        && let Some(refused) = super::vm::snapshot_while_terminating(&t.source)
+    {
+        return Err(refused);
+    }
     let mut em = Emitter::new(state.clone(), evolve);
     let outcome = if let Some(e) = created {
         em.emit(e);
@@ -258,8 +265,13 @@ fn take(state: &SnapshotState, t: &TakeSnapshot, ctx: &mut Ctx) -> Result<Decisi
                     at_ms: now,
                 })));
             } else {
+                let reason = if src.terminating().is_some() {
+                    SOURCE_BEING_DELETED
+                } else {
+                    SOURCE_DOES_NOT_EXIST
+                };
                 em.emit(Event::SnapshotFailed(SnapshotFailed {
-                    reason: SOURCE_DOES_NOT_EXIST.to_owned(),
+                    reason: reason.to_owned(),
                     at_ms: now,
                 }));
             }
@@ -279,6 +291,10 @@ fn take(state: &SnapshotState, t: &TakeSnapshot, ctx: &mut Ctx) -> Result<Decisi
 /// KubeVirt's `Progressing` reason for a snapshot whose source does not exist; vmplane records
 /// it as the failure reason.
 pub const SOURCE_DOES_NOT_EXIST: &str = "Source does not exist";
+
+/// The failure reason of a snapshot in progress whose source VM began to be deleted
+/// (Terminating) before it was taken.
+pub const SOURCE_BEING_DELETED: &str = "Source is being deleted";
 
 fn import(state: &SnapshotState, i: &ImportSnapshot, ctx: &mut Ctx) -> Result<Decision, Rejection> {
     features::require_feature(&i.features, features::SNAPSHOT)?;

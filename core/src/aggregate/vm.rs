@@ -108,6 +108,17 @@ pub struct VmiRun {
     pub started: Arc<StartedSpec>,
 }
 
+/// A deletion of the VM asked for while its VMI was active ([`VmDeletionRequested`]): the VM
+/// stays, `Terminating`, until that VMI is gone; its `VmDeleted` is recorded with the VMI's
+/// removal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeletionRequest {
+    /// When it was asked for (ms since the epoch): `metadata.deletionTimestamp`.
+    pub at_ms: i64,
+    /// The VMI stopped for it.
+    pub vmi_uid: Uuid,
+}
+
 /// Lifecycle state of a VM.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunState {
@@ -138,8 +149,11 @@ pub struct VmState {
     /// changes made by start/stop): `metadata.generation`. Captures, firmware assignments
     /// that accompany an edit, and VMI lifecycle events do not count.
     pub generation: u64,
-    /// Never / Live / Deleted.
+    /// Never / Live / Deleted. A VM being deleted is still `Live` here, with a `deletion`.
     pub existence: Existence,
+    /// The deletion asked for while its VMI was active (`None` otherwise, and once the VM is
+    /// deleted or created again): the VM is Terminating.
+    pub deletion: Option<DeletionRequest>,
     /// uid of the current (or last) life of the name.
     pub uid: Option<Uuid>,
     /// Namespace.
@@ -189,9 +203,22 @@ impl VmState {
         self.requested.0.get_or_init(|| requested_of(self))
     }
 
-    /// Whether a VM lives under this name.
+    /// Whether a VM lives under this name and is not being deleted: what may be edited,
+    /// started, stopped and run. A Terminating VM is not live (its VMI is stopped, as a
+    /// deleted VM's is) but still [exists](VmState::exists).
     pub fn is_live(&self) -> bool {
+        self.existence == Existence::Live && self.deletion.is_none()
+    }
+
+    /// Whether a VM object is there to read under this name: a live VM, or one being deleted
+    /// (Terminating) while its VMI stops.
+    pub fn exists(&self) -> bool {
         self.existence == Existence::Live
+    }
+
+    /// The deletion this VM waits on, if it is Terminating.
+    pub fn terminating(&self) -> Option<&DeletionRequest> {
+        self.deletion.as_ref().filter(|_| self.exists())
     }
 
     /// The stream this state belongs to.
@@ -367,21 +394,33 @@ pub fn needs(state: &VmState, vm: &VirtualMachine) -> instancetype::References {
 pub fn decide(state: &VmState, command: &VmCommand, ctx: &mut Ctx) -> Result<Decision, Rejection> {
     match command {
         VmCommand::Create(p) => {
+            if let Some(d) = state.terminating() {
+                return Err(exists_while_terminating(state, d));
+            }
             if state.is_live() {
                 return Err(already_exists(state));
             }
             put(state, p, ctx)
         }
         VmCommand::Update(p) => {
+            if let Some(d) = state.terminating() {
+                return Err(refused_while_terminating(state, d, "an edit"));
+            }
             if !state.is_live() {
                 return Err(not_found(state));
             }
             put(state, p, ctx)
         }
-        VmCommand::Apply(p) => put(state, p, ctx),
+        VmCommand::Apply(p) => {
+            // As Kubernetes refuses to create a name whose object is being deleted.
+            if let Some(d) = state.terminating() {
+                return Err(exists_while_terminating(state, d));
+            }
+            put(state, p, ctx)
+        }
         VmCommand::Delete {
             expected_generation,
-        } => delete(state, *expected_generation),
+        } => delete(state, *expected_generation, ctx),
         VmCommand::Start { paused } => start(state, *paused),
         VmCommand::Stop => stop(state),
         VmCommand::Restart => restart(state),
@@ -452,6 +491,7 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
             s.instancetype = None;
             s.preference = None;
             s.run = RunState::default();
+            s.deletion = None;
         }
         Event::VmSpecEdited(e) => {
             s.generation += 1;
@@ -482,6 +522,16 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
         }
         Event::VmDeleted(_) => {
             s.existence = Existence::Deleted;
+            s.deletion = None;
+            s.run.start_requested = false;
+            s.run.restart_requested = false;
+        }
+        Event::VmDeletionRequested(e) => {
+            s.deletion = Some(DeletionRequest {
+                at_ms: e.at_ms,
+                vmi_uid: e.vmi_uid,
+            });
+            // Nothing starts again: the VMI is only stopped.
             s.run.start_requested = false;
             s.run.restart_requested = false;
         }
@@ -602,9 +652,19 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
     if strategy_after == Some(RunStrategy::RerunOnFailure)
         && strategy_before != strategy_after
         && s.run.vmi.is_none()
-        && s.existence == Existence::Live
+        && s.is_live()
     {
         s.run.start_requested = true;
+    }
+    // KubeVirt clears `status.startFailure` under a strategy that never restarts a VMI by
+    // itself (kubevirt.md §4.1): a crash loop ends when a stop halts the VM, or an edit makes
+    // it Halted or Manual, and a later start counts its failures from none.
+    if matches!(
+        strategy_after,
+        Some(RunStrategy::Halted | RunStrategy::Manual)
+    ) {
+        s.run.consecutive_failures = 0;
+        s.run.backoff_until_ms = None;
     }
 }
 
@@ -689,6 +749,61 @@ fn already_exists(s: &VmState) -> Rejection {
             format!("virtualmachines.kubevirt.io \"{}\" already exists", s.name),
         ),
     )
+}
+
+/// `metadata.deletionTimestamp` of a Terminating VM (RFC 3339, as Kubernetes writes it).
+fn deletion_time(d: &DeletionRequest) -> String {
+    crate::aggregate::dataprotection::rfc3339(d.at_ms)
+        .unwrap_or_else(|| format!("{} ms since the epoch", d.at_ms))
+}
+
+/// What to run to wait until the Terminating VM `s` is gone.
+fn wait_for_deletion(s: &VmState) -> String {
+    format!(
+        "`vmplane wait --for=delete vm {} -n {}`",
+        s.name, s.namespace
+    )
+}
+
+/// A create or apply of a name whose VM is being deleted: `AlreadyExists`, as Kubernetes
+/// refuses to create an object whose name is still held by one being deleted.
+fn exists_while_terminating(s: &VmState, d: &DeletionRequest) -> Rejection {
+    Rejection::one(
+        Category::AlreadyExists,
+        Cause::new(
+            "metadata.name",
+            codes::BEING_DELETED,
+            format!(
+                "virtualmachines.kubevirt.io \"{}\" already exists and is being deleted \
+                 (since {}; it goes once its VMI has stopped): wait until it is gone with {}, \
+                 then apply again",
+                s.name,
+                deletion_time(d),
+                wait_for_deletion(s)
+            ),
+        ),
+    )
+}
+
+/// `request` (`an edit`, `a start request`, …) of a VM being deleted.
+fn refused_while_terminating(s: &VmState, d: &DeletionRequest, request: &str) -> Rejection {
+    Rejection::precondition(
+        codes::BEING_DELETED,
+        format!(
+            "virtualmachines.kubevirt.io \"{}\" is being deleted (since {}; it goes once its \
+             VMI has stopped): {request} is refused; wait until it is gone with {}, then create \
+             it again",
+            s.name,
+            deletion_time(d),
+            wait_for_deletion(s)
+        ),
+    )
+}
+
+/// A snapshot of the VM `s`, being deleted, refused ([`crate::snapshot`]).
+pub(crate) fn snapshot_while_terminating(s: &VmState) -> Option<Rejection> {
+    let d = s.terminating()?;
+    Some(refused_while_terminating(s, d, "a snapshot of it"))
 }
 
 fn not_found(s: &VmState) -> Rejection {
@@ -1040,12 +1155,36 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
-fn delete(state: &VmState, expected: Option<u64>) -> Result<Decision, Rejection> {
-    if !state.is_live() {
+/// KubeVirt's VM deletion: a VM whose VMI is active keeps a finalizer until the VMI is gone.
+/// Here the delete is recorded as a [`VmDeletionRequested`] (the VM is Terminating, its VMI
+/// stopped gracefully by the reconciler) and the VM's `VmDeleted` follows with the VMI's
+/// removal ([`observe`]); a VM without an active VMI is deleted at once. A delete of a
+/// Terminating VM is accepted and changes nothing.
+fn delete(state: &VmState, expected: Option<u64>, ctx: &mut Ctx) -> Result<Decision, Rejection> {
+    if !state.exists() {
         return Err(not_found(state));
     }
     check_generation(state, expected)?;
+    if state.terminating().is_some() {
+        return Ok(Decision::unchanged());
+    }
     let mut em = Emitter::new(state.clone(), evolve);
+    if let Some(vmi) = state.active_vmi() {
+        em.emit(Event::VmDeletionRequested(VmDeletionRequested {
+            uid: state.uid.unwrap_or_default(),
+            vmi_uid: vmi.uid,
+            at_ms: ctx.now_ms(),
+        }));
+        return Ok(em.finish_vm(Outcome::Deleted));
+    }
+    emit_deleted(state, &mut em);
+    Ok(em.finish_vm(Outcome::Deleted))
+}
+
+/// `VmDeleted` of `state`'s VM, with its claims released: its effective firmware UUID, and
+/// the one its VMI (ended, not yet removed) still had since an edit changed the VM's (a VM
+/// re-created under this name starts with no run to release it later).
+fn emit_deleted(state: &VmState, em: &mut Emitter<VmState>) {
     em.emit(Event::VmDeleted(VmDeleted {
         uid: state.uid.unwrap_or_default(),
     }));
@@ -1055,15 +1194,12 @@ fn delete(state: &VmState, expected: Option<u64>) -> Result<Decision, Rejection>
             owner: state.stream(),
         });
     }
-    // The UUID a VMI still runs with since an edit changed the VM's: released with the VM
-    // (a VM re-created under this name starts with no run to release it later).
     if let Some(held) = held_by_run(state) {
         em.claim(Claim::Release {
             key: claim_key(&held),
             owner: state.stream(),
         });
     }
-    Ok(em.finish_vm(Outcome::Deleted))
 }
 
 /// Whether the VM's active VMI runs with firmware UUID `uuid`.
@@ -1080,7 +1216,10 @@ fn held_by_run(state: &VmState) -> Option<Uuid> {
     (state.firmware.as_ref().map(|f| f.uuid) != Some(run)).then_some(run)
 }
 
-fn live_strategy(state: &VmState) -> Result<RunStrategy, Rejection> {
+fn live_strategy(state: &VmState, request: &str) -> Result<RunStrategy, Rejection> {
+    if let Some(d) = state.terminating() {
+        return Err(refused_while_terminating(state, d, request));
+    }
     if !state.is_live() {
         return Err(not_found(state));
     }
@@ -1091,7 +1230,7 @@ fn live_strategy(state: &VmState) -> Result<RunStrategy, Rejection> {
 
 /// KubeVirt's start subresource rules (kubevirt.md §4.1).
 fn start(state: &VmState, paused: bool) -> Result<Decision, Rejection> {
-    let rs = live_strategy(state)?;
+    let rs = live_strategy(state, "a start request")?;
     if state.active_vmi().is_some() {
         return Err(Rejection::precondition(
             codes::START_NOT_ALLOWED,
@@ -1132,7 +1271,7 @@ fn start(state: &VmState, paused: bool) -> Result<Decision, Rejection> {
 
 /// KubeVirt's stop subresource rules.
 fn stop(state: &VmState) -> Result<Decision, Rejection> {
-    let rs = live_strategy(state)?;
+    let rs = live_strategy(state, "a stop request")?;
     let active = state.active_vmi().map(|v| v.uid);
     let event = match rs {
         RunStrategy::Always | RunStrategy::Once => VmStopRequested {
@@ -1164,7 +1303,7 @@ fn stop(state: &VmState) -> Result<Decision, Rejection> {
 
 /// KubeVirt's restart subresource rules.
 fn restart(state: &VmState) -> Result<Decision, Rejection> {
-    let rs = live_strategy(state)?;
+    let rs = live_strategy(state, "a restart request")?;
     match rs {
         RunStrategy::Halted => {
             return Err(Rejection::precondition(
@@ -1238,6 +1377,27 @@ fn observe(
                 vmi_uid,
                 at_ms: now,
             }));
+            if state.terminating().is_some() {
+                // The VMI a deletion waited for is gone: the VM is deleted with it, in the
+                // same decision (the VM's claims released as `delete` releases them; the
+                // removal above already took the run, so the UUID it held is released here).
+                if let Some(held) = held_by_run(state) {
+                    em.claim(Claim::Release {
+                        key: claim_key(&held),
+                        owner: state.stream(),
+                    });
+                }
+                em.emit(Event::VmDeleted(VmDeleted {
+                    uid: state.uid.unwrap_or_default(),
+                }));
+                if let Some(fw) = &state.firmware {
+                    em.claim(Claim::Release {
+                        key: claim_key(&fw.uuid),
+                        owner: state.stream(),
+                    });
+                }
+                return Ok(em.finish_vm(Outcome::Deleted));
+            }
             // The guest is gone: the UUID it kept since an edit is free.
             if state.is_live()
                 && let Some(held) = held_by_run(state)
@@ -1293,7 +1453,10 @@ fn observe(
                 state.run_strategy(),
                 Some(RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Once)
             );
-            let stopped_on_purpose = state.run.stop_requested_for == Some(vmi_uid);
+            // A VMI stopped on request, or because its VM is deleted or being deleted, did not
+            // crash: no backoff (and none is scheduled for a VM that is going).
+            let stopped_on_purpose =
+                state.run.stop_requested_for == Some(vmi_uid) || !state.is_live();
             if phase.is_final() && !vmi.reached_running && counts && !stopped_on_purpose {
                 let failures = state.run.consecutive_failures.saturating_add(1);
                 let delay_ms = lifecycle::backoff_delay_ms(failures, ctx);

@@ -25,6 +25,8 @@ pub type FirmwareUuidAssigned = payload::FirmwareUuidAssignedV1;
 pub type RevisionCaptured = payload::RevisionCapturedV1;
 /// Current payload of `VmDeleted`.
 pub type VmDeleted = payload::VmDeletedV1;
+/// Current payload of `VmDeletionRequested`.
+pub type VmDeletionRequested = payload::VmDeletionRequestedV1;
 /// Current payload of `VmStartRequested`.
 pub type VmStartRequested = payload::VmStartRequestedV1;
 /// Current payload of `VmStopRequested`.
@@ -89,6 +91,9 @@ pub enum Event {
     PreferenceRevisionCaptured(RevisionCaptured),
     /// A VM was deleted.
     VmDeleted(VmDeleted),
+    /// A VM's deletion was asked for while its VMI was active: it is Terminating until the
+    /// VMI is gone.
+    VmDeletionRequested(VmDeletionRequested),
     /// A start request was accepted.
     VmStartRequested(VmStartRequested),
     /// A stop request was accepted.
@@ -149,6 +154,7 @@ impl Event {
             Event::InstancetypeRevisionCaptured(_) => "InstancetypeRevisionCaptured",
             Event::PreferenceRevisionCaptured(_) => "PreferenceRevisionCaptured",
             Event::VmDeleted(_) => "VmDeleted",
+            Event::VmDeletionRequested(_) => "VmDeletionRequested",
             Event::VmStartRequested(_) => "VmStartRequested",
             Event::VmStopRequested(_) => "VmStopRequested",
             Event::VmRestartRequested(_) => "VmRestartRequested",
@@ -208,6 +214,10 @@ impl Event {
                 e.kind, e.name, e.source_generation
             ),
             Event::VmDeleted(_) => "deleted".to_owned(),
+            Event::VmDeletionRequested(e) => format!(
+                "deletion requested: Terminating until VMI {} is gone",
+                e.vmi_uid
+            ),
             Event::VmStartRequested(_) => "start requested".to_owned(),
             Event::VmStopRequested(_) => "stop requested".to_owned(),
             Event::VmRestartRequested(_) => "restart requested".to_owned(),
@@ -216,8 +226,10 @@ impl Event {
             Event::VmiPhaseObserved(e) => format!("VMI {} {}", e.vmi_uid, e.phase.as_str()),
             Event::VmiRemoved(e) => format!("VMI {} removed", e.vmi_uid),
             Event::VmStartBackoffScheduled(e) => format!(
-                "crash loop: {} failures, retry at {} ms",
-                e.consecutive_failures, e.retry_at_ms
+                "crash loop: {} failures, retry at {}",
+                e.consecutive_failures,
+                crate::aggregate::dataprotection::rfc3339(e.retry_at_ms)
+                    .unwrap_or_else(|| format!("{} ms since the epoch", e.retry_at_ms))
             ),
             Event::VmiCreated(e) => format!("created VMI {}/{}", e.namespace, e.name),
             Event::VmiDeleted(_) => "deleted".to_owned(),

@@ -192,6 +192,14 @@ payload! {
 }
 
 payload! {
+    /// `VmDeletionRequested` v1 — a delete of the VM was accepted while its VMI `vmi_uid` was
+    /// active: the VM stays (printableStatus `Terminating`, `metadata.deletionTimestamp` at
+    /// `at_ms`) while the reconciler stops that VMI, and its `VmDeleted` is recorded with the
+    /// VMI's removal. The actor of the envelope is who asked.
+    VmDeletionRequestedV1 { uid: Uuid, vmi_uid: Uuid, at_ms: i64 }
+}
+
+payload! {
     /// `VmStartRequested` v1 — a start request was accepted. `run_strategy_after` is set when
     /// the request changes the run strategy (Halted → Always, as KubeVirt patches it).
     VmStartRequestedV1 { paused: bool, run_strategy_after: Option<String> }

@@ -16,6 +16,7 @@ pub const EVENT_TYPES: &[(&str, u16)] = &[
     ("InstancetypeRevisionCaptured", 1),
     ("PreferenceRevisionCaptured", 1),
     ("VmDeleted", 1),
+    ("VmDeletionRequested", 1),
     ("VmStartRequested", 1),
     ("VmStopRequested", 1),
     ("VmRestartRequested", 1),
@@ -102,6 +103,7 @@ pub fn encode(event: &Event) -> EncodedEvent {
             to_bytes(p)
         }
         Event::VmDeleted(p) => to_bytes(p),
+        Event::VmDeletionRequested(p) => to_bytes(p),
         Event::VmStartRequested(p) => to_bytes(p),
         Event::VmStopRequested(p) => to_bytes(p),
         Event::VmRestartRequested(p) => to_bytes(p),
@@ -199,6 +201,7 @@ pub fn decode(type_name: &str, version: u16, bytes: &[u8]) -> Result<Event, Deco
             Event::PreferenceRevisionCaptured(read(t, version, bytes)?)
         }
         ("VmDeleted", 1) => Event::VmDeleted(read(t, version, bytes)?),
+        ("VmDeletionRequested", 1) => Event::VmDeletionRequested(read(t, version, bytes)?),
         ("VmStartRequested", 1) => Event::VmStartRequested(read(t, version, bytes)?),
         ("VmStopRequested", 1) => Event::VmStopRequested(read(t, version, bytes)?),
         ("VmRestartRequested", 1) => Event::VmRestartRequested(read(t, version, bytes)?),

@@ -130,6 +130,7 @@ fn samples() -> Vec<Event> {
             original_actor: "alice".into(),
             original_recorded_at_unix_nanos: 1_700_000_000_000_000_015,
         }),
+        Event::VmDeletionRequested(VmDeletionRequestedV1 { uid: UID, vmi_uid: FW, at_ms: 1_700_000_000_002 }),
     ]
 }
 

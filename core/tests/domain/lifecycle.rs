@@ -449,7 +449,12 @@ fn deleting_a_running_vm_terminates_its_vmi() {
     });
     assert_eq!(status(&s), PrintableStatus::Terminating);
     assert_eq!(action(&s), DesiredAction::Stop { vmi_uid: uid });
-    assert!(lifecycle::render(&s.state(), &Features::defaults(), 0).is_none());
+    // Still there while its VMI stops (more in `deletion`).
+    let vm = lifecycle::render(&s.state(), &Features::defaults(), 0).expect("Terminating");
+    assert_eq!(
+        vm.status.as_ref().map(|st| st["printableStatus"].clone()),
+        Some(serde_json::json!("Terminating"))
+    );
 }
 
 #[test]

@@ -122,7 +122,9 @@ proptest! {
             }
             // Invariants of the folded state.
             prop_assert_eq!(state.unreadable_events, 0);
-            if state.is_live() {
+            // A VM being deleted (Terminating) still holds its claims: its deletion, recorded
+            // with its VMI's removal, releases them.
+            if state.exists() {
                 let fw = state.firmware.clone().unwrap();
                 let spec_uuid = state.vm.as_ref().unwrap().firmware().unwrap().uuid.clone();
                 prop_assert_eq!(spec_uuid, Some(fw.uuid.to_string()));
@@ -139,6 +141,14 @@ proptest! {
                 let _ = lifecycle::render(&state, &Features::defaults(), ctx.now_ms()).unwrap();
             } else {
                 prop_assert!(claims.is_empty());
+            }
+            // A VM being deleted waits on a VMI: it goes with that VMI's removal.
+            if state.terminating().is_some() {
+                prop_assert!(state.run.vmi.is_some());
+                prop_assert_eq!(
+                    lifecycle::printable_status(&state, &Features::defaults(), ctx.now_ms()),
+                    lifecycle::PrintableStatus::Terminating
+                );
             }
             let _ = lifecycle::printable_status(&state, &Features::defaults(), ctx.now_ms());
             let _ = lifecycle::conditions(&state, &Features::defaults(), ctx.now_ms());

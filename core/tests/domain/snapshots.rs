@@ -668,6 +668,45 @@ fn snapshot_created_through_the_object_path_is_in_progress_until_taken() {
     assert_eq!((folded.revision, folded.is_live()), (2, true));
 }
 
+#[test]
+fn a_snapshot_of_a_vm_being_deleted_is_refused_and_one_in_progress_fails_saying_why() {
+    let mut w = World::new();
+    w.create_vm(small_vm("larry", "Always"));
+    w.run_vm("larry");
+    w.snapshot_in_progress("larry", "pending");
+    w.vm_cmd(
+        "larry",
+        VmCommand::Delete {
+            expected_generation: None,
+        },
+    )
+    .unwrap();
+    assert!(w.vm("larry").terminating().is_some());
+    let before = w.position();
+    let r = w
+        .take(snapshot_manifest("snap", "larry"))
+        .expect_err("refused");
+    assert_eq!(r.category, Category::FailedPrecondition);
+    assert!(r.has_code(codes::BEING_DELETED), "{r}");
+    assert!(
+        r.to_string().contains(
+            "virtualmachines.kubevirt.io \"larry\" is being deleted (since \
+             2023-11-14T22:13:20Z; it goes once its VMI has stopped): a snapshot of it is refused"
+        ),
+        "{r}"
+    );
+    assert_eq!(w.position(), before, "nothing appended");
+    assert!(w.events("snapshot/default/snap").is_empty());
+    // One created before the deletion was asked for ends failed, with the reason.
+    w.take_pending("larry", "pending");
+    let st = status_of(snapshot::render_snapshot(&w.snapshot("pending")));
+    assert_eq!(st["phase"], "Failed");
+    assert_eq!(
+        condition(&st, "Failure")["reason"],
+        "Source is being deleted"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Restore (rows 9, 10, readiness policies)
 // ---------------------------------------------------------------------------------------------
