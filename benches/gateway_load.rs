@@ -697,6 +697,7 @@ fn main() -> anyhow::Result<()> {
         group_commit_linger_us: linger_us,
         // The control plane alone: no reconciler competing for the cores.
         hypervisor: vec!["none".into()],
+        connections: Default::default(),
     };
     let server = server_rt.spawn(vmplane_gateway::server::serve(serve, async move {
         let _ = stop_rx.await;

@@ -555,3 +555,46 @@ pub fn write_auth_file(path: &Path, tokens: &[AuthToken<'_>]) {
     }
     std::fs::write(path, yaml).expect("write the auth file");
 }
+
+/// Picks a free loopback port (for a metrics listener: the gRPC one is chosen by the server).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// `GET /metrics` of a server's metrics listener on `port`, which must answer 200.
+pub fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to metrics");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    assert!(
+        out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
+        "{out}"
+    );
+    out
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, failing with `what` and `context()`.
+#[track_caller]
+pub fn wait_for<T>(
+    what: &str,
+    timeout_ms: u64,
+    mut check: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout_ms} ms waiting for {what}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -302,7 +302,11 @@ Examples:
 
     /// Delete an object, the objects a label selector matches, or the objects a file names.
     #[command(
-        after_help = "Examples:\n  vmplane delete vm demo\n  vmplane delete instancetype small -n team-a\n  \
+        after_help = "A VM whose VMI runs is Terminating (metadata.deletionTimestamp) until the \
+reconciler has shut the guest down and removed the VMI; meanwhile its name cannot be applied \
+again. `vmplane wait vm NAME --for delete` returns once it is gone.
+
+Examples:\n  vmplane delete vm demo\n  vmplane delete instancetype small -n team-a\n  \
                       vmplane delete vms -l app=web              # every VM labelled app=web\n  \
                       vmplane delete vms -l app=web -A           # in every namespace\n  \
                       vmplane delete -f examples/vm.yaml          # what apply -f created\n  \
@@ -677,6 +681,10 @@ pub struct ServeArgs {
         usize::from,
     ))]
     pub worker_threads: Option<usize>,
+
+    /// The gRPC listener's connections: cap, idle limit, opening deadline.
+    #[command(flatten)]
+    pub connections: crate::connections::ConnectionArgs,
 }
 
 #[derive(Debug, Clone, Args)]

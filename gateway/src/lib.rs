@@ -19,6 +19,7 @@ pub mod api;
 pub mod auth;
 pub mod cli;
 pub mod client;
+pub mod connections;
 pub mod control;
 pub mod dr;
 pub mod input;

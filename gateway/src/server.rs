@@ -5,8 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
@@ -163,7 +161,25 @@ pub async fn serve(
         args.backend.name()
     );
     let tls = ServerTls::load(args.tls_cert.as_deref(), args.tls_key.as_deref())?;
-    let grpc = Server::builder();
+    if let Some(tls) = &tls {
+        for warning in tls.warnings() {
+            let line = format!("--tls-cert {}: {warning}", tls.cert_path().display());
+            tracing::warn!("{line}");
+            eprintln!("vmplane: warning: {line}");
+        }
+    }
+    // As the Go runtime does; the connection cap stays under the limit.
+    let fd_limit = crate::connections::raise_fd_limit_logged();
+    let connections = crate::connections::Settings::new(&args.connections, fd_limit);
+    if u64::from(connections.max_connections) + crate::connections::RESERVED_FDS_MIN > fd_limit {
+        tracing::warn!(
+            max_connections = connections.max_connections,
+            fd_limit,
+            "--max-connections leaves fewer than {} descriptors of the open-file limit to the \
+             rest of the server: accepts may fail for want of one",
+            crate::connections::RESERVED_FDS_MIN
+        );
+    }
     let auth = match &args.auth {
         Some(path) => Some(Arc::new(Authenticator::load(path).context("--auth")?)),
         None => None,
@@ -258,7 +274,17 @@ pub async fn serve(
 
     let local = listener.local_addr().context("read the bound address")?;
     let workers = tokio::runtime::Handle::current().metrics().num_workers();
-    tracing::info!(addr = %local, tls = tls.is_some(), data = %args.data.display(), head = head.0, workers, "vmplane serving");
+    tracing::info!(
+        addr = %local,
+        tls = tls.is_some(),
+        data = %args.data.display(),
+        head = head.0,
+        workers,
+        max_connections = connections.max_connections,
+        fd_limit,
+        max_connection_idle_seconds = connections.max_idle.map_or(0, |idle| idle.as_secs()),
+        "vmplane serving"
+    );
     // The ready line: scripts and the test harness wait for it (and read the address that
     // follows "serving gRPC on ").
     let over = if tls.is_some() { " over TLS" } else { "" };
@@ -279,9 +305,7 @@ pub async fn serve(
     // are nobody's decision): a request at most REQUEST_BYTES_MAX (a manifest at core's limit
     // and its framing; a larger one is refused before any handler, `status::request_too_large`
     // words the refusal), an answer at most RESPONSE_BYTES_MAX.
-    let router = grpc
-        .layer(MetricsLayer::new(metrics.clone()))
-        .add_service(health_service)
+    let routes = tonic::service::Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
@@ -316,20 +340,21 @@ pub async fn serve(
             pb::watch_server::WatchServer::from_arc(api.clone())
                 .max_decoding_message_size(REQUEST_BYTES_MAX)
                 .max_encoding_message_size(RESPONSE_BYTES_MAX),
-        );
-    // TLS is accepted here, not by tonic, so that the stream h2 writes to is `PlainWrites`
-    // over TLS too (see there).
-    let serving: std::pin::Pin<
-        Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
-    > = match &tls {
-        Some(tls) => Box::pin(router.serve_with_incoming_shutdown(
-            incoming_tls(listener, tls.acceptor(), ServerTls::handshake_deadline()),
-            stopped(stop_rx),
-        )),
-        None => Box::pin(router.serve_with_incoming_shutdown(incoming(listener), stopped(stop_rx))),
-    };
+        )
+        .prepare();
+    let grpc = tower::Layer::layer(&MetricsLayer::new(metrics.clone()), routes);
+    // Connections are accepted, opened (TLS too: the stream h2 writes to is `PlainWrites` over
+    // TLS as well) and served by `connections`, not tonic's server: a connection must open within
+    // a deadline, and one with no call open for a while is closed (see there).
+    let serving = crate::connections::serve(
+        listener,
+        tls.as_ref().map(ServerTls::acceptor),
+        grpc,
+        connections,
+        stop_rx,
+    );
     tokio::select! {
-        served = serving => served.context("serve gRPC")?,
+        () = serving => {}
         () = drain_deadline => tracing::warn!(
             "requests still open {}s after the shutdown signal: closing their connections",
             SHUTDOWN_DRAIN_MAX.as_secs()
@@ -505,73 +530,6 @@ impl tokio_stream::Stream for EndingWatch {
             Poll::Pending => Poll::Pending,
         }
     }
-}
-
-/// Accepted connections with `TCP_NODELAY`: small gRPC frames must not wait for Nagle's
-/// algorithm and the peer's delayed ACK (40 ms a request otherwise).
-fn incoming(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<PlainWrites<tokio::net::TcpStream>>> {
-    use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        conn.set_nodelay(true)?;
-        Ok(PlainWrites(conn))
-    })
-}
-
-/// Accepted connections over TLS, each wrapped in [`PlainWrites`] after its handshake, so that
-/// h2 copies frames of up to 1 KiB into its buffer and rustls seals the answers a group commit
-/// releases together into one record, as [`incoming`] lets them leave in one write.
-///
-/// Each handshake runs in a task of its own, closed after `deadline`: a client that connects
-/// and says nothing holds neither the listener nor the others. A failed handshake closes that
-/// connection only (logged at debug: a plaintext client, a client that does not trust the
-/// certificate). The listener stops when the server drops the stream (at shutdown).
-fn incoming_tls(
-    listener: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    deadline: std::time::Duration,
-) -> impl tokio_stream::Stream<
-    Item = std::io::Result<PlainWrites<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>,
-> {
-    let (ready_tx, ready_rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = ready_tx.closed() => return,
-            };
-            let conn = match accepted {
-                Ok((conn, _)) => conn,
-                Err(err) => {
-                    // Out of descriptors, a connection reset before it was accepted, …: the
-                    // listener itself is fine; wait a little rather than spin on the error.
-                    tracing::warn!(%err, "accepting a connection failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            if let Err(err) = conn.set_nodelay(true) {
-                tracing::debug!(%err, "TCP_NODELAY could not be set: connection closed");
-                continue;
-            }
-            let (acceptor, ready_tx) = (acceptor.clone(), ready_tx.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(deadline, acceptor.accept(conn)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = ready_tx.send(Ok(PlainWrites(tls))).await;
-                    }
-                    Ok(Err(err)) => tracing::debug!(%err, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(
-                        seconds = deadline.as_secs(),
-                        "TLS handshake not done in time: connection closed"
-                    ),
-                }
-            });
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(ready_rx)
 }
 
 /// A connection that reports no vectored writes, so that h2 copies each frame of up to 1 KiB
@@ -839,8 +797,9 @@ async fn probe_hypervisor(values: &[String]) -> anyhow::Result<()> {
         .map_err(|e| {
             // `e` says its causes in its own text: one line, the hint last.
             anyhow::anyhow!(
-                "--hypervisor {shown}: cannot open: {e} (check the URI and that libvirt serves \
-                 it; `--hypervisor none` serves without a reconciler)"
+                "--hypervisor {shown}: cannot open: {e} ({}; `--hypervisor none` serves \
+                 without a reconciler)",
+                e.hint()
             )
         })
 }
@@ -886,46 +845,6 @@ mod tests {
     use tracing::Level;
 
     use super::{LogFilter, log_filter};
-
-    /// What h2 reads to decide between copying a frame into its write buffer (up to 1 KiB
-    /// without vectored writes) and queueing it on its own (past 256 bytes with them): an
-    /// accepted connection must say it has none, carry `TCP_NODELAY`, and pass bytes both ways,
-    /// a vectored write whole.
-    #[tokio::test]
-    async fn accepted_connections_report_no_vectored_writes_and_pass_bytes_without_delay() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        use tokio_stream::StreamExt;
-        use tonic::transport::server::Connected;
-
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut accepted = Box::pin(super::incoming(listener));
-        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let mut conn = accepted.next().await.unwrap().unwrap();
-
-        assert!(!tokio::io::AsyncWrite::is_write_vectored(&conn));
-        assert!(conn.0.nodelay().unwrap());
-        assert_eq!(
-            conn.connect_info().remote_addr(),
-            Some(client.local_addr().unwrap())
-        );
-        conn.write_all(b"answer").await.unwrap();
-        let mut got = [0u8; 6];
-        client.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"answer");
-        client.write_all(b"request").await.unwrap();
-        let mut got = [0u8; 7];
-        conn.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"request");
-        // A caller that writes vectored anyway (rustls under TLS) has all its buffers written
-        // at once, not only the first.
-        let parts = [b"one ".as_slice(), b"two ", b"three"];
-        let slices = parts.map(std::io::IoSlice::new);
-        assert_eq!(conn.write_vectored(&slices).await.unwrap(), 13);
-        let mut got = [0u8; 13];
-        client.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"one two three");
-    }
 
     #[test]
     fn rust_log_lists_of_targets_and_levels_filter_without_envfilter_and_span_directives_with_it() {

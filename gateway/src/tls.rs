@@ -8,8 +8,12 @@
 //! [`connect`] and [`explain_connect_failure`] (why a handshake failed, and what to check; a
 //! plaintext call a TLS server hung up on says so too).
 //!
+//! [`certificate_warnings`] says, at startup, what about a certificate that loads makes every
+//! client refuse it (expired, not valid yet, a CA's, not for servers): `serve` warns.
+//!
 //! rustls with the `ring` provider does the work: through tonic on the client, through
-//! tokio-rustls in the server's listener (`server::incoming_tls`). This module never relaxes a
+//! tokio-rustls in the server's listener (`connections::serve`); rustls-webpki, rustls' own
+//! certificate checker, reads the certificate for the warnings. This module never relaxes a
 //! verification (no "insecure" switch) and never reads a file the user did not name: without
 //! `--ca-cert` a client trusts the webpki roots compiled into the binary.
 
@@ -18,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// How long a TLS handshake may take, in milliseconds, on either side: a peer that opens a
@@ -60,10 +64,118 @@ pub enum TlsFileError {
 }
 
 /// The server's TLS identity: a certificate chain and its private key, checked to belong
-/// together.
+/// together, and what about the certificate makes clients refuse it.
 #[derive(Debug, Clone)]
 pub struct ServerTls {
     config: Arc<rustls::ServerConfig>,
+    cert: PathBuf,
+    warnings: Vec<CertificateWarning>,
+}
+
+/// Something about the server's certificate that makes every client refuse it, though the
+/// server can present it: `serve` starts, and warns (the certificate may be renewed in place, or
+/// the clock be wrong).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertificateWarning {
+    /// Its validity ended at `not_after`.
+    Expired { not_after: UnixTime },
+    /// Its validity starts at `not_before`, after now.
+    NotValidYet { not_before: UnixTime },
+    /// A CA certificate (basic constraints `CA:TRUE`), which clients refuse as a server's own.
+    Ca,
+    /// Its extended key usage leaves out TLS server authentication.
+    NotForServers,
+}
+
+impl std::fmt::Display for CertificateWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CertificateWarning::Expired { not_after } => write!(
+                f,
+                "the certificate expired on {}: every client will refuse it (renew it, or check \
+                 this machine's clock)",
+                utc(*not_after)
+            ),
+            CertificateWarning::NotValidYet { not_before } => write!(
+                f,
+                "the certificate is not valid until {}: every client will refuse it until then \
+                 (check this machine's clock)",
+                utc(*not_before)
+            ),
+            CertificateWarning::Ca => f.write_str(
+                "the certificate is a CA certificate (basic constraints CA:TRUE): every client \
+                 will refuse it as a server's own (present a certificate that CA signed, for \
+                 this server's names)",
+            ),
+            CertificateWarning::NotForServers => f.write_str(
+                "the certificate's extended key usage leaves out TLS server authentication \
+                 (serverAuth): every client will refuse it (issue one for a server)",
+            ),
+        }
+    }
+}
+
+/// `time` as `YYYY-MM-DD HH:MM:SS UTC`.
+fn utc(time: UnixTime) -> String {
+    i64::try_from(time.as_secs())
+        .ok()
+        .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0))
+        .map_or_else(
+            || format!("{} s after 1970", time.as_secs()),
+            |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        )
+}
+
+/// What makes clients refuse `leaf` as a server's certificate at `now`, whoever signed it: the
+/// checks rustls-webpki makes of a certificate before it looks for its issuer (validity, basic
+/// constraints, extended key usage), asked with no issuer to find. Each check is asked again at
+/// a time inside the validity, so that an expired CA certificate is said to be both. Empty when
+/// `leaf` cannot be parsed (rustls accepted it to load, so it can).
+pub fn certificate_warnings(leaf: &CertificateDer<'_>, now: UnixTime) -> Vec<CertificateWarning> {
+    let Ok(cert) = webpki::EndEntityCert::try_from(leaf) else {
+        return Vec::new();
+    };
+    let algorithms = rustls::crypto::ring::default_provider()
+        .signature_verification_algorithms
+        .all;
+    let mut warnings = Vec::new();
+    let mut at = now;
+    // Validity first, then the rest: at most one retry inside the validity.
+    for _ in 0..2 {
+        let checked = cert.verify_for_usage(
+            algorithms,
+            &[],
+            &[],
+            at,
+            webpki::KeyUsage::server_auth(),
+            None,
+            None,
+        );
+        match checked {
+            Err(webpki::Error::CertExpired { not_after, .. }) => {
+                warnings.push(CertificateWarning::Expired { not_after });
+                at = not_after;
+            }
+            Err(webpki::Error::CertNotValidYet { not_before, .. }) => {
+                warnings.push(CertificateWarning::NotValidYet { not_before });
+                at = not_before;
+            }
+            Err(webpki::Error::CaUsedAsEndEntity) => {
+                warnings.push(CertificateWarning::Ca);
+                break;
+            }
+            #[allow(deprecated)]
+            Err(
+                webpki::Error::RequiredEkuNotFound | webpki::Error::RequiredEkuNotFoundContext(_),
+            ) => {
+                warnings.push(CertificateWarning::NotForServers);
+                break;
+            }
+            // `UnknownIssuer`: every check that needs no issuer passed.
+            _ => break,
+        }
+    }
+    warnings
 }
 
 impl ServerTls {
@@ -90,6 +202,10 @@ impl ServerTls {
         };
         let cert_pem = read("--tls-cert", cert)?;
         let chain = certificates("--tls-cert", cert, &cert_pem)?;
+        let warnings = chain
+            .first()
+            .map(|leaf| certificate_warnings(leaf, UnixTime::now()))
+            .unwrap_or_default();
         let key_pem = read("--tls-key", key)?;
         let private_key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|err| {
             invalid(
@@ -141,17 +257,25 @@ impl ServerTls {
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Some(ServerTls {
             config: Arc::new(config),
+            cert: cert.to_path_buf(),
+            warnings,
         }))
     }
 
-    /// The handshake side of this identity, for the server's listener (`server::incoming_tls`).
+    /// The handshake side of this identity, for the server's listener (`connections::serve`,
+    /// which gives a handshake `serve --connection-open-timeout-ms`).
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         tokio_rustls::TlsAcceptor::from(self.config.clone())
     }
 
-    /// How long a client's handshake may take before its connection is closed.
-    pub fn handshake_deadline() -> Duration {
-        Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS)
+    /// What about the certificate makes clients refuse it, as found when it was loaded.
+    pub fn warnings(&self) -> &[CertificateWarning] {
+        &self.warnings
+    }
+
+    /// The `--tls-cert` file.
+    pub fn cert_path(&self) -> &Path {
+        &self.cert
     }
 }
 
@@ -482,6 +606,92 @@ mod tests {
             "https://localhost:1"
         );
         assert_eq!(with_scheme("https://h:1", None), "https://h:1");
+    }
+
+    /// A certificate for localhost signed by a throwaway CA, made by `edit` from the defaults.
+    fn certificate(edit: impl FnOnce(&mut rcgen::CertificateParams)) -> CertificateDer<'static> {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let issuer = Issuer::new(ca_params, KeyPair::generate().expect("CA key"));
+        let mut params = CertificateParams::new(vec!["localhost".into()]).expect("params");
+        edit(&mut params);
+        params
+            .signed_by(&KeyPair::generate().expect("key"), &issuer)
+            .expect("certificate")
+            .der()
+            .clone()
+    }
+
+    fn at(year: i32) -> UnixTime {
+        let secs = rcgen::date_time_ymd(year, 1, 1).unix_timestamp();
+        UnixTime::since_unix_epoch(Duration::from_secs(
+            u64::try_from(secs).expect("after 1970"),
+        ))
+    }
+
+    #[test]
+    fn a_certificate_clients_refuse_is_named_at_startup_and_a_good_one_is_not() {
+        use rcgen::{BasicConstraints, ExtendedKeyUsagePurpose, IsCa, date_time_ymd};
+        let now = UnixTime::now();
+        assert_eq!(certificate_warnings(&certificate(|_| {}), now), []);
+        let dated = |from: i32, to: i32| {
+            certificate(|p| {
+                p.not_before = date_time_ymd(from, 1, 1);
+                p.not_after = date_time_ymd(to, 1, 1);
+            })
+        };
+        assert_eq!(
+            certificate_warnings(&dated(2000, 2001), now),
+            [CertificateWarning::Expired {
+                not_after: at(2001)
+            }]
+        );
+        assert_eq!(
+            certificate_warnings(&dated(2000, 2001), at(2000)),
+            [],
+            "valid then"
+        );
+        assert_eq!(
+            certificate_warnings(&dated(2090, 2091), now),
+            [CertificateWarning::NotValidYet {
+                not_before: at(2090)
+            }]
+        );
+        let ca =
+            |p: &mut rcgen::CertificateParams| p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        assert_eq!(
+            certificate_warnings(&certificate(ca), now),
+            [CertificateWarning::Ca]
+        );
+        let expired_ca = certificate(|p| {
+            ca(p);
+            p.not_before = date_time_ymd(2000, 1, 1);
+            p.not_after = date_time_ymd(2001, 1, 1);
+        });
+        assert_eq!(
+            certificate_warnings(&expired_ca, now),
+            [
+                CertificateWarning::Expired {
+                    not_after: at(2001)
+                },
+                CertificateWarning::Ca
+            ]
+        );
+        let for_clients =
+            certificate(|p| p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth]);
+        assert_eq!(
+            certificate_warnings(&for_clients, now),
+            [CertificateWarning::NotForServers]
+        );
+        let text = CertificateWarning::Expired {
+            not_after: at(2001),
+        }
+        .to_string();
+        assert!(
+            text.starts_with("the certificate expired on 2001-01-01 00:00:00 UTC: "),
+            "{text}"
+        );
     }
 
     #[test]

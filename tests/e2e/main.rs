@@ -3,7 +3,9 @@
 mod apply_order;
 mod cli_audit;
 mod cold_updates;
+mod connections;
 mod crash_restart;
+mod deletion;
 mod dr;
 mod dr_offline;
 mod errors;
@@ -11,6 +13,7 @@ mod etcd;
 mod features;
 mod files;
 mod fixtures;
+mod hypervisor_faults;
 mod linearizability;
 mod manifests;
 mod metrics;
