@@ -44,6 +44,24 @@ fn a_vm_started_with_the_cli_runs_on_real_qemu_with_its_firmware_uuid_and_stops(
         )
     });
     let hypervisor = format!("qemu1={}", daemons.socket_uri());
+    // This test's domain left by an interrupted earlier run (qemu:///system keeps domain
+    // definitions on the machine): a server with a fresh log never touches a domain whose VMI
+    // it did not record, and the name would be taken, so the test removes its own leftover.
+    {
+        use vmplane_hypervisor::{Hypervisor, LibvirtHypervisor};
+        let libvirt = LibvirtHypervisor::open(&daemons.socket_uri()).expect("connect to libvirtd");
+        for leftover in libvirt
+            .list_owned()
+            .expect("list domains")
+            .into_iter()
+            .filter(|d| d.name == "vmplane_default_qemu-e2e")
+        {
+            let _ = libvirt.destroy(leftover.uuid);
+            libvirt
+                .undefine(leftover.uuid)
+                .expect("undefine a leftover of an earlier run");
+        }
+    }
     let data = tempfile::tempdir().expect("temp dir");
     // Declared after `daemons`: the server (and its reconciler) stops before libvirtd does.
     let server = Server::start(data.path(), &["--hypervisor", &hypervisor]);
