@@ -1295,18 +1295,34 @@ impl pb::history_server::History for Api {
                     .wait_for(Position(min), wait)
                     .map_err(|e| from_projection(&object, e))?;
             }
+            let mut recorded_in = None;
             let entries = match projections.history(kind, &namespace, &name) {
-                // A VM's VMI lives in the VM's stream: its revisions are the VM's.
+                // A VM's VMI lives in the VM's stream: its rows are the VM's revisions that
+                // hold the current VMI's events.
                 Err(vmplane_projections::Error::NotFound { .. })
                     if kind == Kind::VirtualMachineInstance
                         && projections
                             .history(Kind::VirtualMachine, &namespace, &name)
                             .is_ok() =>
                 {
-                    return Err(Status::not_found(format!(
-                        "{object} has no history of its own: a VM's VMI is recorded in the \
-                         VM's (ref.kind vm; `vmplane history vm {name} -n {namespace}`)"
-                    )));
+                    let rows = projections.vm_vmi_history(&namespace, &name).map_err(
+                        |e| match e {
+                            vmplane_projections::Error::NotFound { .. } => {
+                                Status::not_found(format!(
+                                    "{object} not found: VM {namespace}/{name} runs no VMI now, \
+                                     and a VM's VMIs are recorded in the VM's history \
+                                     (ref.kind vm; `vmplane history vm {name} -n {namespace}`)"
+                                ))
+                            }
+                            e => from_projection(&object, e),
+                        },
+                    )?;
+                    recorded_in = Some(pb::ObjectRef {
+                        kind: "vm".into(),
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                    });
+                    rows
                 }
                 other => other.map_err(|e| from_projection(&object, e))?,
             };
@@ -1331,6 +1347,7 @@ impl pb::history_server::History for Api {
             let response = pb::HistoryResponse {
                 revisions,
                 older: older as u64,
+                recorded_in,
             };
             // Refused whole rather than cut by the transport: say how to ask for less.
             let bytes = prost::Message::encoded_len(&response);

@@ -1632,6 +1632,15 @@ pub async fn history(c: &mut Clients, g: &GlobalArgs, a: &HistoryArgs) -> anyhow
             resp.older, a.limit
         );
     }
+    if let Some(vm) = &resp.recorded_in {
+        eprintln!(
+            "These are {kind} {name}'s revisions that hold its current VMI's events (a VM's VMI \
+             is recorded in the VM's history): `vmplane history {kind} {name}` lists them all, \
+             and `get --revision`/`diff` take them with {kind} {name}.",
+            kind = vm.kind,
+            name = vm.name
+        );
+    }
     Ok(())
 }
 
@@ -1654,56 +1663,21 @@ pub async fn describe(c: &mut Clients, g: &GlobalArgs, a: &DescribeArgs) -> anyh
     let obj = read_now(c, object.clone(), 0)
         .await
         .map_err(|status| status_error_about(status, Some(&about)))?;
-    let request = |object: pb::ObjectRef, limit: usize| pb::HistoryRequest {
-        r#ref: Some(object),
-        // Read at least as far as the object just shown, so its last event is listed.
-        min_position: obj.resource_version,
-        limit: u32::try_from(limit).unwrap_or(u32::MAX),
-    };
-    let revisions = match c.history.history(request(object.clone(), a.events)).await {
-        Ok(h) => h.into_inner().revisions,
-        // A VM's VMI is recorded in the VM's stream: its events are the VM's VMI events since
-        // the run shown was launched.
-        Err(status)
-            if status.code() == tonic::Code::NotFound
-                && Kind::from_cli_name(&a.kind) == Some(Kind::VirtualMachineInstance) =>
-        {
-            let vm = pb::ObjectRef {
-                kind: "vm".into(),
-                ..object
-            };
-            let rows = c
-                .history
-                .history(request(vm, 0))
-                .await
-                .map_err(|_| status_error_about(status, Some(&about)))?
-                .into_inner()
-                .revisions;
-            vmi_rows(rows, a.events)
-        }
-        Err(status) => return Err(status_error_about(status, Some(&about))),
-    };
+    // A VM's VMI is answered with the VM's rows that hold the current VMI's events.
+    let revisions = c
+        .history
+        .history(pb::HistoryRequest {
+            r#ref: Some(object),
+            // Read at least as far as the object just shown, so its last event is listed.
+            min_position: obj.resource_version,
+            limit: u32::try_from(a.events).unwrap_or(u32::MAX),
+        })
+        .await
+        .map_err(|status| status_error_about(status, Some(&about)))?
+        .into_inner()
+        .revisions;
     let mut out = std::io::stdout().lock();
     print::describe(&mut out, &obj, &revisions, a.events)
-}
-
-/// The rows of a VM's history that are its current VMI's: from the last launch on, those of
-/// VMI events; the last `events` of them (all with 0).
-fn vmi_rows(rows: Vec<pb::Revision>, events: usize) -> Vec<pb::Revision> {
-    let has = |r: &pb::Revision, event: &str| r.events.iter().any(|e| e == event);
-    let launched = rows
-        .iter()
-        .rposition(|r| has(r, "VmiLaunched"))
-        .unwrap_or(0);
-    let mut rows: Vec<pb::Revision> = rows
-        .into_iter()
-        .skip(launched)
-        .filter(|r| r.events.iter().any(|e| e.starts_with("Vmi")))
-        .collect();
-    if events > 0 && rows.len() > events {
-        rows.drain(..rows.len() - events);
-    }
-    rows
 }
 
 /// Whether results print as a table (where an empty one is a line on stderr, as kubectl's).

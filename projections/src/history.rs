@@ -174,6 +174,36 @@ impl Projections {
         Ok(out)
     }
 
+    /// The revisions of the VMI the VM `namespace/name` runs now. A VM's VMI has no stream of
+    /// its own: its events are in the VM's, so these are the VM's rows (its revision numbers)
+    /// from the VMI's launch on that hold events about the VMI ([`event_kind`]). NotFound if
+    /// the VM has no VMI now.
+    pub fn vm_vmi_history(&self, namespace: &str, name: &str) -> Result<Vec<HistoryEntry>> {
+        let not_found = || Error::NotFound {
+            what: object_name(Kind::VirtualMachineInstance, namespace, name),
+        };
+        if self
+            .get_at(Kind::VirtualMachineInstance, namespace, name, At::Current)?
+            .is_none()
+        {
+            return Err(not_found());
+        }
+        let rows = match self.history(Kind::VirtualMachine, namespace, name) {
+            Err(Error::NotFound { .. }) => return Err(not_found()),
+            rows => rows?,
+        };
+        let about_vmi = |row: &HistoryEntry| {
+            row.events.iter().any(|event| {
+                event_kind(Kind::VirtualMachine, event) == Kind::VirtualMachineInstance
+            })
+        };
+        let launched = rows
+            .iter()
+            .rposition(|row| row.events.iter().any(|e| e == "VmiLaunched"))
+            .unwrap_or(0);
+        Ok(rows.into_iter().skip(launched).filter(about_vmi).collect())
+    }
+
     /// A unified diff of the spec (as YAML) of `kind` `namespace/name` between revisions
     /// `from` and `to` (`None`: the current revision). An object that did not live at a
     /// revision has an empty spec there.

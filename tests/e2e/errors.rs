@@ -935,7 +935,8 @@ fn a_request_that_cannot_name_an_object_is_invalid_naming_the_field_and_quoting_
             .expect_err("refused");
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().starts_with("name:"), "{status:?}");
-        // A VM's VMI has no history of its own: the message says whose it is.
+        // A VM that runs no VMI: the VMI has no history, and the message says where a VM's
+        // VMIs are recorded.
         let status = history
             .history(pb::HistoryRequest {
                 r#ref: named("vmi", ns, "there"),

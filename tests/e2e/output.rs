@@ -1166,5 +1166,42 @@ fn describe_shows_a_vms_vmi_with_the_vmi_events_of_its_current_run() {
     // --events keeps the last ones.
     let one = vmplane.ok(&["describe", "vmi", "demo", "-n", ns, "--events", "1"]);
     assert_eq!(events(&one).len(), 1, "{one}");
+    // `history vmi` answers the same rows (the server decides them), and says whose
+    // revisions they are.
+    let (code, out, err) = vmplane.run(&["history", "vmi", "demo", "-n", ns, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let history: Vec<serde_json::Value> = serde_json::from_str(&out).expect("json");
+    let launches = history
+        .iter()
+        .filter(|r| {
+            r["events"]
+                .as_array()
+                .is_some_and(|e| e.contains(&"VmiLaunched".into()))
+        })
+        .count();
+    assert_eq!(launches, 1, "{out}");
+    assert_eq!(
+        history[0]["events"][0], "VmiLaunched",
+        "from the current run's launch on: {out}"
+    );
+    assert!(err.contains("`vmplane history vm demo`"), "{err}");
     vmplane.ok(&["stop", "demo", "-n", ns]);
+    vmplane.ok(&[
+        "wait",
+        "vmi",
+        "demo",
+        "-n",
+        ns,
+        "--for",
+        "delete",
+        "--timeout",
+        "60s",
+    ]);
+    // With no VMI now, the VMI has no history; the message says where its runs are.
+    let err = vmplane.fails(&["history", "vmi", "demo", "-n", ns]);
+    assert!(err.contains("runs no VMI now"), "{err}");
+    assert!(
+        err.contains("`vmplane history vm demo -n output-describe-vmi`"),
+        "{err}"
+    );
 }
