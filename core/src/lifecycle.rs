@@ -374,11 +374,19 @@ pub const FEATURE_MISMATCH_CONDITION: &str = "FeatureMismatch";
 /// The `FeatureMismatch` reason when the running VMI uses a feature disabled since its start.
 pub const FEATURE_DISABLED_WHILE_RUNNING_REASON: &str = "FeatureDisabledWhileRunning";
 
-/// A VM's VMI's `Ready` condition, which KubeVirt copies onto the VM (kubevirt.md §4.3): True
-/// while the VMI runs, else False with the reason the hypervisor reported (`VMI<Phase>` when
-/// none). What `kubectl wait vmi NAME --for condition=Ready` waits for.
+/// A VM's VMI's `Ready` condition, which KubeVirt copies onto the VM (kubevirt.md §4.3)
+/// ([`ready_condition`]).
 pub fn vmi_ready(v: &VmiRun) -> Condition {
-    if v.phase == VmiPhase::Running {
+    ready_condition(v.phase, v.reason.as_deref(), v.message.as_deref())
+}
+
+/// A VMI's `Ready` condition from what the reconciler last recorded of it, one rule for a VM's
+/// VMI and a standalone one: True while it runs, else False with the reason and message the
+/// hypervisor reported (`VMI<Phase>` and `VMI is <Phase>` when none: an unschedulable VMI says
+/// `Unschedulable` and which node lacks what). What `kubectl wait vmi NAME --for
+/// condition=Ready` waits for.
+pub fn ready_condition(phase: VmiPhase, reason: Option<&str>, message: Option<&str>) -> Condition {
+    if phase == VmiPhase::Running {
         return Condition {
             kind: "Ready",
             status: true,
@@ -389,14 +397,8 @@ pub fn vmi_ready(v: &VmiRun) -> Condition {
     Condition {
         kind: "Ready",
         status: false,
-        reason: v
-            .reason
-            .clone()
-            .unwrap_or_else(|| format!("VMI{}", v.phase.as_str())),
-        message: v
-            .message
-            .clone()
-            .unwrap_or_else(|| format!("VMI is {}", v.phase.as_str())),
+        reason: reason.map_or_else(|| format!("VMI{}", phase.as_str()), str::to_owned),
+        message: message.map_or_else(|| format!("VMI is {}", phase.as_str()), str::to_owned),
     }
 }
 
@@ -474,13 +476,27 @@ pub fn conditions(s: &VmState, features: &Features, now_ms: i64) -> Vec<Conditio
             status: true,
             reason: "CrashLoopBackOff".into(),
             message: format!(
-                "{} VMI(s) in a row ended before running; next start in {} s",
+                "{} VMI(s) in a row ended before running{}; next start in {} s",
                 s.run.consecutive_failures,
+                start_failure_cause(s),
                 until_ms.saturating_sub(now_ms).max(0).div_euclid(1000)
             ),
         });
     }
     out
+}
+
+/// `: <reason>: <message>` of the crash loop's latest failure
+/// ([`crate::aggregate::vm::RunState::last_start_failure`]), empty when none was recorded.
+fn start_failure_cause(s: &VmState) -> String {
+    let Some(cause) = &s.run.last_start_failure else {
+        return String::new();
+    };
+    match (cause.reason.as_deref(), cause.message.as_deref()) {
+        (Some(reason), Some(message)) => format!(": {reason}: {message}"),
+        (Some(said), None) | (None, Some(said)) => format!(": {said}"),
+        (None, None) => String::new(),
+    }
 }
 
 /// The VM as `get -o yaml` shows it: the stored object (effective firmware UUID in the spec,
@@ -670,30 +686,90 @@ pub fn render_vmi(s: &VmState) -> Option<crate::types::VirtualMachineInstance> {
         Some(t) => t.spec.clone(),
         None => run.started.template_spec.clone(),
     };
-    let mut status = serde_json::Map::new();
-    status.insert("phase".into(), json!(run.phase.as_str()));
-    if let Some(node) = &run.node {
-        status.insert("nodeName".into(), json!(node));
-    }
-    if let Some(reason) = &run.reason {
-        status.insert("reason".into(), json!(reason));
-    }
-    if let Some(message) = &run.message {
-        status.insert("message".into(), json!(message));
-    }
-    if let Some(fw) = &s.firmware {
-        status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
-    }
-    status.insert("virtualMachineGeneration".into(), json!(run.vm_generation));
-    status.insert("conditions".into(), json!([vmi_ready(run)]));
+    let status = vmi_status(
+        Observed {
+            phase: run.phase,
+            node: run.node.as_deref(),
+            reason: run.reason.as_deref(),
+            message: run.message.as_deref(),
+        },
+        s.firmware.as_ref().map(|fw| fw.origin),
+        Some(run.vm_generation),
+        Vec::new(),
+    );
     Some(crate::types::VirtualMachineInstance {
         api_version: crate::types::Kind::VirtualMachineInstance.api_version(),
         kind: "VirtualMachineInstance".into(),
         metadata,
         spec: spec.unwrap_or_default(),
-        status: Some(Value::Object(status)),
+        status: Some(status),
         extra: Default::default(),
     })
+}
+
+/// What the reconciler last recorded of a VMI, a VM's run or a standalone VMI.
+struct Observed<'a> {
+    phase: VmiPhase,
+    node: Option<&'a str>,
+    reason: Option<&'a str>,
+    message: Option<&'a str>,
+}
+
+/// A VMI's `status`, one rule for a VM's VMI ([`render_vmi`]) and a standalone one
+/// ([`standalone_vmi_status`]): `phase`, `nodeName`, `reason` and `message` as last
+/// recorded, `firmwareUUIDOrigin`, `virtualMachineGeneration` (a VM's VMI), and `conditions`:
+/// [`ready_condition`] first, then `more`.
+fn vmi_status(
+    observed: Observed<'_>,
+    firmware_origin: Option<crate::event::FirmwareOrigin>,
+    vm_generation: Option<u64>,
+    more: Vec<Condition>,
+) -> Value {
+    let mut status = serde_json::Map::new();
+    status.insert("phase".into(), json!(observed.phase.as_str()));
+    if let Some(node) = observed.node {
+        status.insert("nodeName".into(), json!(node));
+    }
+    if let Some(reason) = observed.reason {
+        status.insert("reason".into(), json!(reason));
+    }
+    if let Some(message) = observed.message {
+        status.insert("message".into(), json!(message));
+    }
+    if let Some(origin) = firmware_origin {
+        status.insert("firmwareUUIDOrigin".into(), json!(origin.as_str()));
+    }
+    if let Some(generation) = vm_generation {
+        status.insert("virtualMachineGeneration".into(), json!(generation));
+    }
+    let mut conditions = vec![ready_condition(
+        observed.phase,
+        observed.reason,
+        observed.message,
+    )];
+    conditions.extend(more);
+    status.insert("conditions".into(), json!(conditions));
+    Value::Object(status)
+}
+
+/// A standalone VMI's `status`, by the rule of a VM's VMI ([`vmi_status`]: phase, node,
+/// reason, message, the `Ready` condition), its feature conditions ([`vmi_conditions`]) after
+/// `Ready`. `None` when no VMI lives under the name.
+pub fn standalone_vmi_status(s: &VmiState, features: &Features) -> Option<Value> {
+    if !s.is_live() {
+        return None;
+    }
+    Some(vmi_status(
+        Observed {
+            phase: s.phase.unwrap_or(VmiPhase::Pending),
+            node: s.node.as_deref(),
+            reason: s.reason.as_deref(),
+            message: s.message.as_deref(),
+        },
+        s.firmware.as_ref().map(|fw| fw.origin),
+        None,
+        vmi_conditions(s, features),
+    ))
 }
 
 /// The disabled features a standalone VMI requests while it has not been scheduled yet: the
@@ -779,5 +855,195 @@ pub fn edit_summary(before: &VirtualMachine, after: &VirtualMachine) -> String {
         (Some(e), None) => e,
         (None, Some(s)) => s,
         (None, None) => "edited".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::vm::{self, PutVm, VmCommand, VmiObservation};
+    use crate::aggregate::vmi::{self, VmiCommand};
+    use crate::types::{Manifest, parse_manifest};
+
+    const VM: &str = r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine",
+        "metadata":{"name":"web","namespace":"default"},
+        "spec":{"runStrategy":"Always","template":{"spec":{"domain":{"memory":{"guest":"64Mi"},
+        "devices":{}}}}}}"#;
+    const VMI: &str = r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance",
+        "metadata":{"name":"solo","namespace":"default"},
+        "spec":{"domain":{"memory":{"guest":"64Mi"},"devices":{}}}}"#;
+    const DEFINE_FAILED: &str = "libvirt define of domain \"vmplane_default_web\" failed: \
+        domain 'squatter' is already defined with uuid 6695eb01-f6a4-8304-79aa-97f2502e193f";
+    const UNSCHEDULABLE: &str =
+        "no node has 1 vCPUs and 67108864 bytes of memory free (free: node1: 0 vCPUs, 0 bytes)";
+
+    fn vm_decided(state: VmState, command: VmCommand, ctx: &mut Ctx) -> VmState {
+        let decision = vm::decide(&state, &command, ctx).expect("accepted");
+        decision.events.iter().fold(state, vm::evolve)
+    }
+
+    fn vmi_decided(state: VmiState, command: VmiCommand, ctx: &mut Ctx) -> VmiState {
+        let decision = vmi::decide(&state, &command, ctx).expect("accepted");
+        decision.events.iter().fold(state, vmi::evolve)
+    }
+
+    fn observe_vm(state: VmState, observation: VmiObservation, ctx: &mut Ctx) -> VmState {
+        let vmi_uid = state.run.vmi.as_ref().expect("a VMI").uid;
+        let command = VmCommand::ObserveVmi {
+            vmi_uid,
+            observation,
+        };
+        vm_decided(state, command, ctx)
+    }
+
+    fn phase(phase: VmiPhase, reason: &str, message: &str) -> VmiObservation {
+        VmiObservation::Phase {
+            phase,
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+        }
+    }
+
+    /// A VM of runStrategy Always with a launched VMI, not placed yet.
+    fn pending(ctx: &mut Ctx) -> VmState {
+        let Ok(Manifest::VirtualMachine(manifest)) = parse_manifest(VM.as_bytes()) else {
+            panic!("a VM");
+        };
+        let put = VmCommand::Apply(Box::new(PutVm::new(*manifest)));
+        let s = vm_decided(VmState::default(), put, ctx);
+        let launch = VmCommand::LaunchVmi {
+            features: Features::defaults(),
+        };
+        vm_decided(s, launch, ctx)
+    }
+
+    /// [`pending`], its VMI placed on `node1`.
+    fn launched(ctx: &mut Ctx) -> VmState {
+        let scheduled = VmiObservation::Scheduled {
+            node: "node1".into(),
+        };
+        observe_vm(pending(ctx), scheduled, ctx)
+    }
+
+    fn failure(s: &VmState, now_ms: i64) -> Option<Condition> {
+        conditions(s, &Features::defaults(), now_ms)
+            .into_iter()
+            .find(|c| c.kind == "Failure")
+    }
+
+    #[test]
+    fn a_crash_loop_s_failure_condition_says_why_the_last_vmi_ended_before_running() {
+        let mut ctx = Ctx::at_secs(1_700_000_000, 7);
+        let s = launched(&mut ctx);
+        let s = observe_vm(
+            s,
+            phase(VmiPhase::Failed, "DomainDefineFailed", DEFINE_FAILED),
+            &mut ctx,
+        );
+        // The VMI is removed (Always replaces it): the cause outlives it.
+        let s = observe_vm(s, VmiObservation::Removed, &mut ctx);
+        assert!(s.run.vmi.is_none());
+        let until = s.run.backoff_until_ms.expect("a backoff");
+        let now = ctx.now_ms();
+        let condition = failure(&s, now).expect("a Failure condition");
+        assert_eq!(condition.reason, "CrashLoopBackOff");
+        assert_eq!(
+            condition.message,
+            format!(
+                "1 VMI(s) in a row ended before running: DomainDefineFailed: {DEFINE_FAILED}; \
+                 next start in {} s",
+                (until - now) / 1000
+            )
+        );
+
+        // The next VMI runs: the crash loop, and its cause, are over.
+        ctx.advance_secs(400);
+        let launch = VmCommand::LaunchVmi {
+            features: Features::defaults(),
+        };
+        let s = vm_decided(s, launch, &mut ctx);
+        let running = VmiObservation::Phase {
+            phase: VmiPhase::Running,
+            reason: None,
+            message: None,
+        };
+        let s = observe_vm(s, running, &mut ctx);
+        assert_eq!(s.run.last_start_failure, None);
+        assert_eq!(failure(&s, ctx.now_ms()), None);
+    }
+
+    #[test]
+    fn a_failure_without_reason_or_message_keeps_the_crash_loop_s_words() {
+        let mut ctx = Ctx::at_secs(1_700_000_000, 7);
+        let s = launched(&mut ctx);
+        let failed = VmiObservation::Phase {
+            phase: VmiPhase::Failed,
+            reason: None,
+            message: None,
+        };
+        let s = observe_vm(s, failed, &mut ctx);
+        let s = observe_vm(s, VmiObservation::Removed, &mut ctx);
+        let message = failure(&s, ctx.now_ms()).expect("Failure").message;
+        assert!(
+            message.starts_with("1 VMI(s) in a row ended before running; next start in "),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_standalone_vmi_s_status_follows_the_rule_of_a_vm_s_vmi() {
+        let mut ctx = Ctx::at_secs(1_700_000_000, 7);
+        let Ok(Manifest::VirtualMachineInstance(manifest)) = parse_manifest(VMI.as_bytes()) else {
+            panic!("a VMI");
+        };
+        let solo = vmi_decided(VmiState::default(), VmiCommand::Create(manifest), &mut ctx);
+        let unschedulable = phase(VmiPhase::Scheduling, "Unschedulable", UNSCHEDULABLE);
+        let solo = vmi_decided(solo, VmiCommand::Observe(unschedulable.clone()), &mut ctx);
+        let status = standalone_vmi_status(&solo, &Features::defaults()).expect("live");
+        assert_eq!(status["phase"], "Scheduling");
+        assert_eq!(status["reason"], "Unschedulable");
+        assert_eq!(status["message"], UNSCHEDULABLE);
+        assert_eq!(
+            status["conditions"],
+            json!([{"type": "Ready", "status": "False", "reason": "Unschedulable",
+                    "message": UNSCHEDULABLE}])
+        );
+
+        // A VM's VMI in the same situation shows the same.
+        let vm = pending(&mut ctx);
+        let vm = observe_vm(vm, unschedulable, &mut ctx);
+        let owned = render_vmi(&vm).and_then(|v| v.status).expect("a VMI");
+        for key in ["phase", "reason", "message", "conditions"] {
+            assert_eq!(owned[key], status[key], "{key}");
+        }
+
+        // A new message is recorded (what it lacks changed), the same one is not.
+        let other = "no node has 1 vCPUs and 1 bytes of memory free";
+        let again = VmiCommand::Observe(phase(VmiPhase::Scheduling, "Unschedulable", other));
+        let moved = vmi_decided(solo.clone(), again, &mut ctx);
+        assert_eq!(moved.message.as_deref(), Some(other));
+        let same = VmiCommand::Observe(phase(VmiPhase::Scheduling, "Unschedulable", other));
+        let decision = vmi::decide(&moved, &same, &mut ctx).expect("accepted");
+        assert!(decision.events.is_empty());
+    }
+
+    #[test]
+    fn a_failed_standalone_vmi_says_why_in_its_status() {
+        let mut ctx = Ctx::at_secs(1_700_000_000, 7);
+        let Ok(Manifest::VirtualMachineInstance(manifest)) = parse_manifest(VMI.as_bytes()) else {
+            panic!("a VMI");
+        };
+        let solo = vmi_decided(VmiState::default(), VmiCommand::Create(manifest), &mut ctx);
+        let scheduled = VmiObservation::Scheduled {
+            node: "node1".into(),
+        };
+        let solo = vmi_decided(solo, VmiCommand::Observe(scheduled), &mut ctx);
+        let failed = phase(VmiPhase::Failed, "DomainDefineFailed", DEFINE_FAILED);
+        let solo = vmi_decided(solo, VmiCommand::Observe(failed), &mut ctx);
+        let status = standalone_vmi_status(&solo, &Features::defaults()).expect("live");
+        assert_eq!(status["message"], DEFINE_FAILED);
+        assert_eq!(status["conditions"][0]["type"], "Ready");
+        assert_eq!(status["conditions"][0]["reason"], "DomainDefineFailed");
+        assert_eq!(status["conditions"][0]["message"], DEFINE_FAILED);
     }
 }

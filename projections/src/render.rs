@@ -471,25 +471,9 @@ fn render_vmi(snapshot: &Snapshot, s: &VmiState, features: &Features) -> Option<
     let mut vmi = s.vmi.clone()?;
     vmi.metadata.uid = s.uid.map(|u| u.to_string());
     vmi.metadata.generation = Some(1);
-    let mut status = Map::new();
-    if let Some(phase) = s.phase {
-        status.insert("phase".into(), json!(phase.as_str()));
-    }
-    if let Some(node) = &s.node {
-        status.insert("nodeName".into(), json!(node));
-    }
-    if let Some(reason) = &s.reason {
-        status.insert("reason".into(), json!(reason));
-    }
-    if let Some(fw) = &s.firmware {
-        status.insert("firmwareUUIDOrigin".into(), json!(fw.origin.as_str()));
-    }
-    // Derived, like every status: a Pending VMI that requests a disabled feature says so.
-    let conditions = vmplane_core::lifecycle::vmi_conditions(s, features);
-    if !conditions.is_empty() {
-        status.insert("conditions".into(), serde_json::to_value(conditions).ok()?);
-    }
-    vmi.status = Some(Value::Object(status));
+    // Derived, like every status, by the rule of a VM's VMI (phase, node, reason, message, the
+    // Ready condition); a Pending VMI that requests a disabled feature says so too.
+    vmi.status = vmplane_core::lifecycle::standalone_vmi_status(s, features);
     let mut object = serde_json::to_value(&vmi).ok()?;
     finish_meta(&mut object, snapshot);
     Some(ObjectView {

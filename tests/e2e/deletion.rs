@@ -216,7 +216,7 @@ fn a_running_vm_deleted_is_terminating_until_its_vmi_is_gone_and_its_name_is_not
         !events.contains(&"VmStartBackoffScheduled")
             && !rows
                 .iter()
-                .any(|(_, _, summary)| summary.ends_with("Succeeded")),
+                .any(|(_, _, summary)| summary.contains(" Succeeded")),
         "{rows:#?}"
     );
     let n = rows.len();

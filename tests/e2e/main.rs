@@ -10,6 +10,7 @@ mod dr;
 mod dr_offline;
 mod errors;
 mod etcd;
+mod failure_reasons;
 mod features;
 mod files;
 mod fixtures;

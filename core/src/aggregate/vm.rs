@@ -119,6 +119,19 @@ pub struct DeletionRequest {
     pub vmi_uid: Uuid,
 }
 
+/// Why a VMI ended before it ever ran: the reason and message of its final phase as the
+/// reconciler recorded them (`DomainDefineFailed` and libvirt's error, `InvalidSpec` and what
+/// the domain builder refused, …).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartFailureCause {
+    /// The VMI that failed.
+    pub vmi_uid: Uuid,
+    /// The reason of its final phase.
+    pub reason: Option<String>,
+    /// The message of its final phase.
+    pub message: Option<String>,
+}
+
 /// Lifecycle state of a VM.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunState {
@@ -136,6 +149,10 @@ pub struct RunState {
     pub consecutive_failures: u32,
     /// No new VMI before this time (crash-loop backoff).
     pub backoff_until_ms: Option<i64>,
+    /// Why the last VMI counted in `consecutive_failures` ended before running (taken from
+    /// its final [`VmiPhaseObserved`] when the backoff is scheduled), while the crash loop
+    /// lasts: what the `Failure` condition says after the VMI itself is gone.
+    pub last_start_failure: Option<StartFailureCause>,
     /// VMIs launched so far.
     pub launches: u64,
 }
@@ -594,6 +611,7 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
                     v.reached_running = true;
                     s.run.consecutive_failures = 0;
                     s.run.backoff_until_ms = None;
+                    s.run.last_start_failure = None;
                 }
             }
         }
@@ -612,6 +630,18 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
         Event::VmStartBackoffScheduled(e) => {
             s.run.consecutive_failures = e.consecutive_failures;
             s.run.backoff_until_ms = Some(e.retry_at_ms);
+            // Decided with the final phase of the VMI that failed (`observe`), which is still
+            // the current run: its reason and message are the crash loop's latest cause.
+            s.run.last_start_failure = s
+                .run
+                .vmi
+                .as_ref()
+                .filter(|v| v.phase.is_final() && !v.reached_running)
+                .map(|v| StartFailureCause {
+                    vmi_uid: v.uid,
+                    reason: v.reason.clone(),
+                    message: v.message.clone(),
+                });
         }
         // Events of other streams never reach a VM stream; folding one changes nothing.
         Event::VmiCreated(_)
@@ -665,6 +695,7 @@ fn evolve_with(s: &mut VmState, event: &Event, decided: Option<VirtualMachine>) 
     ) {
         s.run.consecutive_failures = 0;
         s.run.backoff_until_ms = None;
+        s.run.last_start_failure = None;
     }
 }
 

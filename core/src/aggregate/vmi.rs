@@ -37,6 +37,8 @@ pub struct VmiState {
     pub node: Option<String>,
     /// Reason of the last observation.
     pub reason: Option<String>,
+    /// Message of the last observation (why it is unschedulable, why it failed, …).
+    pub message: Option<String>,
     /// Events whose JSON could not be read.
     pub unreadable_events: u64,
 }
@@ -202,7 +204,7 @@ pub fn decide(
                     reason,
                     message,
                 } => {
-                    if *p == phase && *reason == state.reason {
+                    if *p == phase && *reason == state.reason && *message == state.message {
                         return Ok(Decision::unchanged());
                     }
                     if phase.is_final()
@@ -248,6 +250,7 @@ pub fn evolve(mut s: VmiState, event: &Event) -> VmiState {
             s.phase = Some(VmiPhase::Pending);
             s.node = None;
             s.reason = None;
+            s.message = None;
         }
         Event::VmiDeleted(_) => s.existence = Existence::Deleted,
         Event::VmiScheduled(e) if Some(e.vmi_uid) == s.uid => {
@@ -259,6 +262,7 @@ pub fn evolve(mut s: VmiState, event: &Event) -> VmiState {
         Event::VmiPhaseObserved(e) if Some(e.vmi_uid) == s.uid => {
             s.phase = Some(e.phase);
             s.reason.clone_from(&e.reason);
+            s.message.clone_from(&e.message);
         }
         _ => {}
     }

@@ -223,7 +223,16 @@ impl Event {
             Event::VmRestartRequested(_) => "restart requested".to_owned(),
             Event::VmiLaunched(e) => format!("VMI {} launched", e.vmi_uid),
             Event::VmiScheduled(e) => format!("VMI {} scheduled on {}", e.vmi_uid, e.node),
-            Event::VmiPhaseObserved(e) => format!("VMI {} {}", e.vmi_uid, e.phase.as_str()),
+            // Why it is in that phase, as the reconciler recorded it (a failed start's cause,
+            // what an unschedulable VMI lacks): history and describe show it.
+            Event::VmiPhaseObserved(e) => {
+                let phase = format!("VMI {} {}", e.vmi_uid, e.phase.as_str());
+                match (&e.reason, &e.message) {
+                    (Some(reason), Some(message)) => format!("{phase} ({reason}: {message})"),
+                    (Some(said), None) | (None, Some(said)) => format!("{phase} ({said})"),
+                    (None, None) => phase,
+                }
+            }
             Event::VmiRemoved(e) => format!("VMI {} removed", e.vmi_uid),
             Event::VmStartBackoffScheduled(e) => format!(
                 "crash loop: {} failures, retry at {}",
@@ -289,5 +298,44 @@ impl Event {
                 e.original_stream
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn observed(phase: VmiPhase, reason: Option<&str>, message: Option<&str>) -> Event {
+        Event::VmiPhaseObserved(VmiPhaseObserved {
+            vmi_uid: Uuid::from_u128(1),
+            phase,
+            reason: reason.map(str::to_owned),
+            message: message.map(str::to_owned),
+            at_ms: 0,
+        })
+    }
+
+    #[test]
+    fn a_phase_observation_s_summary_says_why_when_the_reconciler_said_why() {
+        let uid = Uuid::from_u128(1);
+        assert_eq!(
+            observed(VmiPhase::Running, None, None).summary(),
+            format!("VMI {uid} Running")
+        );
+        assert_eq!(
+            observed(
+                VmiPhase::Failed,
+                Some("DomainDefineFailed"),
+                Some("libvirt define failed: no room")
+            )
+            .summary(),
+            format!("VMI {uid} Failed (DomainDefineFailed: libvirt define failed: no room)")
+        );
+        assert_eq!(
+            observed(VmiPhase::Scheduling, Some("Unschedulable"), None).summary(),
+            format!("VMI {uid} Scheduling (Unschedulable)")
+        );
     }
 }

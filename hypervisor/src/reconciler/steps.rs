@@ -43,7 +43,7 @@ struct Run {
     owner: Owner,
     uid: Uuid,
     phase: VmiPhase,
-    /// The reason and message of the last observation (a standalone VMI keeps no message).
+    /// The reason and message of the last observation.
     reason: Option<String>,
     message: Option<String>,
     node: Option<String>,
@@ -944,10 +944,22 @@ impl Reconciler {
             if !record {
                 return Ok(Progress::Done);
             }
+            if run.phase < VmiPhase::Running {
+                // Scheduled but its domain never defined: nothing ran and nothing is to shut
+                // down, so it is removed, as a VMI never placed on a node is
+                // (`lifecycle::desired_action`), not recorded as having ended: it did not
+                // succeed, nor fail.
+                let why = format!(
+                    "{why}; VMI {} is {} and its domain was never defined",
+                    run.uid,
+                    run.phase.as_str()
+                );
+                return self.remove_vmi(run, &why, true, ps, report);
+            }
             let observation = VmiObservation::Phase {
                 phase: VmiPhase::Succeeded,
                 reason: Some("Stopped".into()),
-                message: Some("stopped before its domain was started".into()),
+                message: Some("stopped while its domain was gone".into()),
             };
             let why = format!("{why}; VMI {} has no domain", run.uid);
             return self.record(run, observation, "stop_vmi", why, report);
@@ -1202,7 +1214,7 @@ fn standalone_run(state: &VmiState, spec: Arc<Result<DomainSpec, SpecError>>) ->
         uid,
         phase: state.phase.unwrap_or(VmiPhase::Pending),
         reason: state.reason.clone(),
-        message: None,
+        message: state.message.clone(),
         node: state.node.clone(),
         grace_period_s,
         spec,

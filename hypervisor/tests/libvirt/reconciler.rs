@@ -1024,3 +1024,192 @@ spec:
     let solo = cp.vmi(NS, "solo");
     assert_ne!(solo.phase, Some(VmiPhase::Unknown), "{solo:?}");
 }
+
+/// A node whose test driver already has two domains outside vmplane (no vmplane metadata),
+/// holding these UUIDs: a VMI given one as its firmware UUID cannot be defined there.
+const SQUATTED_VM_UUID: &str = "6695eb01-f6a4-8304-79aa-97f2502e1001";
+const SQUATTED_VMI_UUID: &str = "6695eb01-f6a4-8304-79aa-97f2502e1002";
+
+fn squatted_node() -> PrivateNode {
+    let domain = |name: &str, uuid: &str| {
+        format!(
+            "<domain type='test'><name>{name}</name><uuid>{uuid}</uuid>\
+             <memory>65536</memory><vcpu>1</vcpu><os><type>hvm</type></os></domain>\n"
+        )
+    };
+    PrivateNode::with_xml(&format!(
+        "<node>\n{}{}</node>\n",
+        domain("squatter-a", SQUATTED_VM_UUID),
+        domain("squatter-b", SQUATTED_VMI_UUID)
+    ))
+}
+
+/// Audit: a VM whose domain could not be defined crash-looped with "1 VMI(s) in a row ended
+/// before running; next start in 9 s" and nothing else; the cause was in the server's log only.
+#[test]
+fn a_domain_libvirt_refuses_says_why_in_the_vm_s_failure_and_the_vmi_s_status() {
+    let mut f = Fixture::on(squatted_node(), |hv| hv);
+    let with_uuid = |yaml: String, uuid: &str| {
+        yaml.replace(
+            "memory: {guest: 64Mi}",
+            &format!("memory: {{guest: 64Mi}}\n        firmware: {{uuid: {uuid}}}"),
+        )
+    };
+    f.cp()
+        .apply_vm(&with_uuid(vm_yaml("web", "Always"), SQUATTED_VM_UUID));
+    f.cp().create_vmi(&format!(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {{name: solo, namespace: default}}
+spec:
+  domain:
+    firmware: {{uuid: {SQUATTED_VMI_UUID}}}
+    memory: {{guest: 64Mi}}
+    devices: {{}}
+"#
+    ));
+    let report = f.pass();
+    assert!(
+        report
+            .actions
+            .iter()
+            .any(|a| a.subject == "vm/default/web" && a.step == "define_domain"),
+        "{:#?}",
+        report.actions
+    );
+
+    // The VM: its VMI failed and was replaced by a backoff; the Failure condition says why.
+    let web = f.vm("web");
+    assert!(web.run.vmi.is_none());
+    let cause = web.run.last_start_failure.as_ref().expect("a cause");
+    assert_eq!(cause.reason.as_deref(), Some("DomainDefineFailed"));
+    let message = cause.message.as_deref().unwrap_or_default();
+    assert!(message.contains("not managed by vmplane"), "{message}");
+    let now = f.cp().now_ms();
+    let failure = lifecycle::conditions(&web, &Features::defaults(), now)
+        .into_iter()
+        .find(|c| c.kind == "Failure")
+        .expect("a Failure condition");
+    assert!(
+        failure.message.starts_with(&format!(
+            "1 VMI(s) in a row ended before running: DomainDefineFailed: {message}; next start in "
+        )),
+        "{}",
+        failure.message
+    );
+
+    // The standalone VMI: Failed, with the reason and message in its status and Ready.
+    let solo = f.cp().vmi(NS, "solo");
+    assert_eq!(solo.phase, Some(VmiPhase::Failed));
+    let status =
+        lifecycle::standalone_vmi_status(&solo, &Features::defaults()).expect("a live VMI");
+    assert_eq!(status["reason"], "DomainDefineFailed");
+    let said = status["message"].as_str().unwrap_or_default();
+    assert!(said.contains("not managed by vmplane"), "{status}");
+    assert_eq!(status["conditions"][0]["type"], "Ready");
+    assert_eq!(status["conditions"][0]["reason"], "DomainDefineFailed");
+    assert_eq!(status["conditions"][0]["message"], said);
+    // Neither squatter was touched.
+    assert_eq!(f.owned().len(), 0);
+    let waiting = f.pass();
+    assert!(waiting.changed_nothing(), "{:#?}", waiting.actions);
+}
+
+/// Audit: a standalone VMI that fit nowhere showed `{phase: Scheduling, reason: Unschedulable}`
+/// without a message or conditions, while a VM's VMI in the same place said which node lacks
+/// what, with `Ready=False`.
+#[test]
+fn a_standalone_vmi_that_fits_nowhere_says_why_as_a_vm_s_vmi_does() {
+    // One vCPU: room for `first` only.
+    let node = PrivateNode::with_capacity(1, 4 << 20);
+    let mut f = Fixture::on(node, |hv| hv);
+    f.cp().apply_vm(&vm_yaml("first", "Always"));
+    f.settle();
+    f.cp().apply_vm(&vm_yaml("second", "Always"));
+    f.cp().create_vmi(
+        r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: solo, namespace: default}
+spec:
+  domain:
+    cpu: {sockets: 1}
+    memory: {guest: 64Mi}
+    devices: {}
+"#,
+    );
+    f.settle();
+    let owned = lifecycle::render_vmi(&f.vm("second"))
+        .and_then(|v| v.status)
+        .expect("second's VMI");
+    let solo = f.cp().vmi(NS, "solo");
+    let status = lifecycle::standalone_vmi_status(&solo, &Features::defaults()).expect("live");
+    for (key, value) in [("phase", "Scheduling"), ("reason", "Unschedulable")] {
+        assert_eq!(status[key], value, "{status}");
+        assert_eq!(owned[key], value, "{owned}");
+    }
+    let message = status["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("no node has 1 vCPUs"), "{status}");
+    assert_eq!(status["message"], owned["message"]);
+    assert_eq!(status["conditions"], owned["conditions"]);
+    assert_eq!(
+        status["conditions"][0],
+        serde_json::json!({"type": "Ready", "status": "False", "reason": "Unschedulable",
+                           "message": message})
+    );
+    // Recorded once, as a VM's VMI is.
+    let observed = f
+        .cp()
+        .event_types(&vmplane_core::streams::vmi(NS, "solo"))
+        .into_iter()
+        .filter(|t| t == "VmiPhaseObserved")
+        .count();
+    assert_eq!(observed, 1);
+}
+
+/// Audit: a VMI scheduled on a node, whose domain was never defined, was recorded `Succeeded`
+/// ("stopped before its domain was started") when stopped: nothing ran, so it is removed, as a
+/// VMI never placed is.
+#[test]
+fn a_vmi_scheduled_but_never_defined_is_removed_on_stop_not_recorded_succeeded() {
+    let mut f = Fixture::new();
+    f.cp().apply_vm(&vm_yaml("half", "Manual"));
+    f.cp()
+        .user_vm(NS, "half", VmCommand::Start { paused: false });
+    // The reconciler's first steps, without the define that follows them.
+    let launched = f.cp().user_vm(
+        NS,
+        "half",
+        VmCommand::LaunchVmi {
+            features: Features::defaults(),
+        },
+    );
+    let uid = vmi_uid(&launched);
+    f.cp().user_vm(
+        NS,
+        "half",
+        VmCommand::ObserveVmi {
+            vmi_uid: uid,
+            observation: vmplane_core::VmiObservation::Scheduled {
+                node: "node1".into(),
+            },
+        },
+    );
+    assert_eq!(phase(&f.vm("half")), Some(VmiPhase::Scheduled));
+    f.cp().user_vm(NS, "half", VmCommand::Stop);
+    let actions = f.settle();
+    assert!(
+        actions
+            .iter()
+            .any(|a| a.contains("remove_vmi") && a.contains("never defined")),
+        "{actions:#?}"
+    );
+    let types = f.cp().event_types(&vmplane_core::streams::vm(NS, "half"));
+    assert!(!types.iter().any(|t| t == "VmiPhaseObserved"), "{types:?}");
+    assert_eq!(types.last().map(String::as_str), Some("VmiRemoved"));
+    assert!(f.vm("half").run.vmi.is_none());
+    assert_eq!(f.status("half"), PrintableStatus::Stopped);
+    assert_eq!(f.vm("half").run.consecutive_failures, 0);
+    assert!(f.owned().is_empty());
+}
