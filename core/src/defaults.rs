@@ -31,6 +31,32 @@ pub fn normalize_vm(vm: &mut VirtualMachine) {
     if vm.metadata.namespace.is_none() {
         vm.metadata.namespace = Some(DEFAULT_NAMESPACE.to_owned());
     }
+    normalize_firmware_uuid(vm);
+}
+
+/// A firmware UUID written in upper case (or braced, or without hyphens) is stored in its
+/// canonical form, the one vmplane records when it assigns or captures a UUID: the first
+/// apply stores that form, and every later apply of the same file normalises to the same
+/// text, so it changes nothing (no new generation). Text that is not a UUID is left for
+/// [`crate::validate`] to refuse.
+pub fn normalize_firmware_uuid(vm: &mut VirtualMachine) {
+    let Some(fw) = vm
+        .spec
+        .template
+        .as_mut()
+        .and_then(|t| t.spec.as_mut())
+        .and_then(|s| s.domain.firmware.as_mut())
+    else {
+        return;
+    };
+    if let Some(u) = fw.uuid.as_mut()
+        && let Ok(parsed) = uuid::Uuid::parse_str(u)
+    {
+        let canonical = parsed.to_string();
+        if *u != canonical {
+            *u = canonical;
+        }
+    }
 }
 
 /// The same for any object's metadata (`namespaced` says whether to fill the namespace).
@@ -113,9 +139,11 @@ pub fn vmi_spec(
     let domain = &mut spec.domain;
     if arch == DEFAULT_ARCHITECTURE {
         let machine = domain.machine.get_or_insert_with(JsonMap::new);
-        machine
-            .entry("type")
-            .or_insert_with(|| Value::String(DEFAULT_MACHINE_TYPE_AMD64.to_owned()));
+        // An empty type is unset, as KubeVirt's defaults take it.
+        let ty = machine.entry("type").or_insert(Value::Null);
+        if ty.is_null() || ty.as_str() == Some("") {
+            *ty = Value::String(DEFAULT_MACHINE_TYPE_AMD64.to_owned());
+        }
     }
     let devices = domain.devices_mut();
     for d in devices.disks.iter_mut().flatten() {
@@ -124,8 +152,10 @@ pub fn vmi_spec(
         }
     }
     for i in devices.interfaces.iter_mut().flatten() {
-        i.model
-            .get_or_insert_with(|| DEFAULT_INTERFACE_MODEL.to_owned());
+        // An empty model is unset (KubeVirt's default model too).
+        if i.model.as_deref().is_none_or(str::is_empty) {
+            i.model = Some(DEFAULT_INTERFACE_MODEL.to_owned());
+        }
     }
     if devices.autoattach_input_device == Some(true)
         && devices.inputs.as_ref().is_none_or(Vec::is_empty)

@@ -25,6 +25,10 @@
 //! * **What a VM asks for** ([`features_requested`]): each [`FeatureUse`] names the feature and
 //!   the field path that requests it.
 //! * **The command guard** [`require_feature`] (`Snapshot` gates snapshot, restore and clone).
+//! * **Discontinued APIs** ([`check_discontinued`], KubeVirt's `ValidateFeatureGates`): a
+//!   Discontinued gate listed in `featureGates` plus a spec that uses its API (`Macvtap`: an
+//!   interface's `macvtap`; `Passt`: its `passt`) refuses the VM's creation with the gate's
+//!   message.
 //!
 //! ## Stages and KubeVirt's `IsEnabled`
 //!
@@ -88,7 +92,8 @@ pub enum Stage {
     Ga,
     /// Going away: off unless listed in `featureGates` (KubeVirt warns).
     Deprecated,
-    /// Removed: never on; listing it is rejected.
+    /// Removed: never on; listing it is accepted (a warning), but a VM using its API is then
+    /// refused ([`check_discontinued`]).
     Discontinued,
 }
 
@@ -259,22 +264,22 @@ pub const GATES: &[Gate] = &[
     m(
         "ExperimentalVirtiofsSupport",
         Discontinued,
-        "the ExperimentalVirtiofsSupport feature gate is discontinued since v1.7; use EnableVirtioFsConfigVolumes or EnableVirtioFsStorageVolumes instead",
+        "Virtiofs ExperimentalVirtiofsSupport feature gate is discontinued since v1.7. Please use EnableVirtioFsConfigVolumes or EnableVirtioFsPVC feature gates instead",
     ),
     m(
         "Passt",
         Discontinued,
-        "the Passt feature gate is discontinued since v1.3; use the PasstBinding network binding instead",
+        "Passt network binding is discontinued since v1.3. Please refer to Kubevirt user guide for alternatives.",
     ),
     m(
         "Macvtap",
         Discontinued,
-        "the Macvtap network binding is discontinued since v1.3; see KubeVirt's user guide for alternatives",
+        "Macvtap network binding is discontinued since v1.3. Please refer to Kubevirt user guide for alternatives.",
     ),
     m(
         "PasstIPStackMigration",
         Discontinued,
-        "the PasstIPStackMigration feature gate is discontinued",
+        "Seamless migration with passt network binding plugin is no longer supported since KubeVirt v1.8. Please use the passt core binding instead.",
     ),
 ];
 
@@ -432,6 +437,9 @@ pub struct FeatureStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Features {
     statuses: Vec<FeatureStatus>,
+    /// The Discontinued gates listed in `featureGates` (never enabled; a VM using their API is
+    /// refused at creation: [`discontinued_uses`]).
+    listed_discontinued: Vec<&'static str>,
 }
 
 impl Features {
@@ -456,7 +464,16 @@ impl Features {
                 }
             })
             .collect();
-        Features { statuses }
+        let listed_discontinued = GATES
+            .iter()
+            .filter(|g| g.stage == Stage::Discontinued)
+            .filter(|g| config.feature_gates.iter().any(|n| n == g.name))
+            .map(|g| g.name)
+            .collect();
+        Features {
+            statuses,
+            listed_discontinued,
+        }
     }
 
     /// The effective features of the folded `cluster/config` stream (defaults when the
@@ -504,6 +521,11 @@ impl Features {
     /// Every feature, in registry order.
     pub fn statuses(&self) -> &[FeatureStatus] {
         &self.statuses
+    }
+
+    /// The Discontinued gates the configuration lists in `featureGates`, in registry order.
+    pub fn listed_discontinued(&self) -> &[&'static str] {
+        &self.listed_discontinued
     }
 
     /// The requested features that are off, in request order.
@@ -783,6 +805,60 @@ pub fn template_features_requested(spec: &VmiSpec) -> Vec<FeatureUse> {
 /// The features a standalone VMI requests (fields under `spec`).
 pub fn vmi_features_requested(vmi: &VirtualMachineInstance) -> Vec<FeatureUse> {
     features_requested(&vmi.spec, "spec")
+}
+
+/// The Discontinued gates whose API a VMI spec uses (KubeVirt's `VmiSpecUsed` of each:
+/// `Macvtap`, an interface's `macvtap` binding; `Passt`, an interface's `passt` binding), each
+/// with the field (under `prefix`), in field order. The other Discontinued gates have no API
+/// in a spec.
+pub fn discontinued_api_uses(spec: &VmiSpec, prefix: &str) -> Vec<FeatureUse> {
+    let mut out = Vec::new();
+    let interfaces = spec
+        .domain
+        .devices
+        .as_ref()
+        .and_then(|d| d.interfaces.as_deref())
+        .unwrap_or_default();
+    for (i, iface) in interfaces.iter().enumerate() {
+        for (feature, binding) in [("Macvtap", "macvtap"), ("Passt", "passt")] {
+            if present(iface.extra.get(binding)) {
+                out.push(FeatureUse {
+                    feature,
+                    field: format!("{prefix}.domain.devices.interfaces[{i}].{binding}"),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// KubeVirt's `ValidateFeatureGates` (kubevirt.md §6, run by its VM admitter on CREATE and its
+/// VMI admitter): a Discontinued gate still listed in `featureGates` whose API the spec uses
+/// refuses the request, with the gate's message, at the field that uses it. A gate that is
+/// not listed refuses nothing here. `prefix` is `spec.template.spec` for a VM, `spec` for a
+/// VMI.
+pub fn check_discontinued(
+    features: &Features,
+    spec: &VmiSpec,
+    prefix: &str,
+) -> Result<(), Rejection> {
+    let mut c = Causes::new();
+    for u in discontinued_api_uses(spec, prefix) {
+        if !features.listed_discontinued.contains(&u.feature) {
+            continue;
+        }
+        let message = gate(u.feature).map_or("", |g| g.message);
+        c.invalid(u.field, codes::FEATURE_GATE_DISCONTINUED, message);
+    }
+    c.finish()
+}
+
+/// [`check_discontinued`] for a VM's template (what KubeVirt's VM admitter runs on CREATE).
+pub fn check_vm_discontinued(features: &Features, vm: &VirtualMachine) -> Result<(), Rejection> {
+    match vm.vmi_spec() {
+        Some(spec) => check_discontinued(features, spec, "spec.template.spec"),
+        None => Ok(()),
+    }
 }
 
 /// The message of a `FeatureNotEnabled` condition (KubeVirt's "feature configurables"

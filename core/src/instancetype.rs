@@ -290,8 +290,69 @@ pub fn check(
     }
     if let Some(pref) = pref {
         requirements(vm, it, pref, &mut c);
+        preferred_values(vm, pref, &mut c);
     }
     c.finish()
+}
+
+/// What a preference fills that vmplane could not run: a preferred machine type or
+/// interface model that [`crate::validate`] would refuse in the VM itself, where the VM
+/// leaves the field to the preference. Said at `spec.preference`, as the VM is what names it.
+fn preferred_values(vm: &VirtualMachine, pref: &PreferenceSpec, c: &mut Causes) {
+    let spec = vm.vmi_spec();
+    let machine_unset = spec
+        .and_then(|s| s.domain.machine.as_ref())
+        .and_then(|m| m.get("type"))
+        .is_none_or(|t| t.is_null() || t.as_str() == Some(""));
+    let preferred_machine = pref
+        .machine
+        .as_ref()
+        .and_then(|m| m.get("preferredMachineType"))
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty());
+    if machine_unset
+        && let Some(mt) = preferred_machine
+        && let Some(why) = crate::validate::machine_type_problem(mt)
+    {
+        c.push(
+            Category::Invalid,
+            Cause::new(
+                "spec.preference",
+                codes::UNSUPPORTED,
+                format!("the preference's machine.preferredMachineType: {why}"),
+            ),
+        );
+    }
+    let model = pref
+        .devices
+        .as_ref()
+        .and_then(|d| d.preferred_interface_model.as_deref())
+        .filter(|m| !m.is_empty());
+    // An interface without a model, or none at all when the pod interface is attached.
+    let devices = spec.and_then(|s| s.domain.devices.as_ref());
+    let fills_a_model = match devices.and_then(|d| d.interfaces.as_ref()) {
+        Some(ifaces) if !ifaces.is_empty() => ifaces
+            .iter()
+            .any(|i| i.model.as_deref().is_none_or(str::is_empty)),
+        _ => devices.and_then(|d| d.autoattach_pod_interface) != Some(false),
+    };
+    if fills_a_model
+        && let Some(model) = model
+        && !crate::validate::INTERFACE_MODELS.contains(&model)
+    {
+        c.push(
+            Category::Invalid,
+            Cause::new(
+                "spec.preference",
+                codes::UNSUPPORTED,
+                format!(
+                    "the preference's devices.preferredInterfaceModel {model} is not supported by \
+                     vmplane: vmplane renders {}",
+                    crate::validate::INTERFACE_MODELS.join(", ")
+                ),
+            ),
+        );
+    }
 }
 
 fn requirements(

@@ -107,6 +107,7 @@ pub mod jsonpatch;
 pub mod lifecycle;
 pub mod limits;
 pub mod quantity;
+pub mod schema;
 pub mod selector;
 pub mod types;
 pub mod validate;

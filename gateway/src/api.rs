@@ -653,22 +653,42 @@ impl View {
     }
 }
 
-/// Admission warnings of an accepted `Objects/Apply`: a KubeVirt CR's feature gates that are
-/// listed to no effect ([`vmplane_core::features::config_warnings`]). Only a manifest that
-/// names the kind is parsed again (the cluster configuration is rarely written).
+/// Admission warnings of an accepted `Objects/Apply`, in the order KubeVirt's API server gives
+/// them: a deprecated API version's ([`vmplane_core::schema::deprecated_api_version`]: `kubevirt.io/v1alpha3
+/// is now deprecated and will be removed in a future release.`), one per field KubeVirt's API
+/// does not know, in the API server's words (`unknown field
+/// "spec.template.spec.domain.memory.gest"`, [`vmplane_core::schema::unknown_fields`]: the
+/// object is still stored as written, as the API server does with field validation `Warn`),
+/// then a KubeVirt CR's feature gates that are listed to no effect
+/// ([`vmplane_core::features::config_warnings`]). A JSON text of another kind is checked in
+/// one pass over its text ([`vmplane_core::schema::warnings_of_json`]); any other manifest is
+/// parsed, here, into a JSON tree with core's limits. One that does not parse as one document
+/// gets no warnings (the apply refuses it).
 fn apply_warnings(manifest: &str) -> Vec<String> {
-    if !manifest.contains("KubeVirt") {
-        return Vec::new();
+    // A JSON text of a VM (what gRPC clients and the load generator send) is checked in one
+    // pass over its text: no JSON tree is built on the create path.
+    if !manifest.contains("KubeVirt")
+        && let Some(warnings) = vmplane_core::schema::warnings_of_json(manifest)
+    {
+        return warnings;
     }
-    match parse_manifest(manifest.as_bytes()) {
-        Ok(vmplane_core::types::Manifest::Object(Kind::KubeVirt, o)) => {
+    let Ok(mut documents) = vmplane_core::types::parse_documents(manifest.as_bytes()) else {
+        return Vec::new();
+    };
+    let Some(document) = documents.pop().filter(|_| documents.is_empty()) else {
+        return Vec::new();
+    };
+    let mut warnings = vmplane_core::schema::warnings(&document);
+    if document.get("kind").and_then(serde_json::Value::as_str) == Some(Kind::KubeVirt.as_str())
+        && let Ok(Manifest::Object(Kind::KubeVirt, o)) = Manifest::from_value(document)
+    {
+        warnings.extend(
             vmplane_core::features::config_warnings(&o)
                 .iter()
-                .map(ToString::to_string)
-                .collect()
-        }
-        _ => Vec::new(),
+                .map(ToString::to_string),
+        );
     }
+    warnings
 }
 
 impl Api {

@@ -198,7 +198,7 @@ mod tests {
             );
             for i in 0..VMS {
                 let manifest = format!(
-                    r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"vm-{i}","namespace":"load"}},"spec":{{"runStrategy":"Halted","template":{{"spec":{{"domain":{{"devices":{{}}}}}}}}}}}}"#
+                    r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"vm-{i}","namespace":"load"}},"spec":{{"runStrategy":"Halted","template":{{"spec":{{"domain":{{"memory":{{"guest":"64Mi"}},"devices":{{}}}}}}}}}}}}"#
                 );
                 let command = Command::apply(parse_manifest(manifest.as_bytes()).expect("parse"));
                 let meta = CommandMeta {

@@ -69,7 +69,7 @@ fn value_to(
         // Names are written by `object` and `list`; a command that prints no object is not
         // given `-o name` (refused when the command line is parsed).
         Output::Yaml | Output::Table | Output::Wide | Output::Name => {
-            out.write_all(serde_yaml::to_string(value)?.as_bytes())?;
+            out.write_all(yaml::to_string(&serde_json::to_value(value)?).as_bytes())?;
         }
     }
     Ok(())
@@ -86,6 +86,23 @@ pub fn list(
 ) -> anyhow::Result<()> {
     if format == Some(Output::Name) {
         return items.iter().try_for_each(|obj| name(out, obj));
+    }
+    if !matches!(format, Some(Output::Json)) {
+        // The same document as the JSON's, through the same YAML writer, one item at a time.
+        let mut text = String::from("apiVersion: v1\nkind: List\nitems:");
+        if items.is_empty() {
+            text.push_str(" []");
+        }
+        text.push('\n');
+        out.write_all(text.as_bytes())?;
+        for obj in items {
+            out.write_all(yaml::list_item(&parse(obj)?).as_bytes())?;
+        }
+        let metadata = serde_json::json!({"resourceVersion": read_position.to_string()});
+        let mut text = String::from("metadata:\n");
+        text.push_str(&yaml::indented(&metadata, 2));
+        out.write_all(text.as_bytes())?;
+        return Ok(());
     }
     #[derive(serde::Serialize)]
     #[serde(rename_all = "camelCase")]
@@ -529,9 +546,7 @@ pub fn describe(
             continue;
         };
         writeln!(out, "{label}")?;
-        for line in serde_yaml::to_string(section)?.lines() {
-            writeln!(out, "  {line}")?;
-        }
+        out.write_all(yaml::indented(section, 2).as_bytes())?;
     }
     let shown = if events == 0 {
         revisions
@@ -739,7 +754,7 @@ pub fn watch_event(
                 "position": e.position, "time": e.time, "actor": e.actor,
                 "namespace": e.namespace, "kind": e.kind, "name": e.name, "event": e.event,
             });
-            out.write_all(serde_yaml::to_string(&v)?.as_bytes())?;
+            out.write_all(yaml::to_string(&v).as_bytes())?;
         }
         // `-o name` is refused for `watch` when the command line is parsed.
         None | Some(Output::Table | Output::Wide | Output::Name) => table.row(out, e)?,
@@ -893,6 +908,299 @@ pub fn unified_diff(out: &mut impl Write, diff: &str, color: bool) -> std::io::R
     Ok(())
 }
 
+/// YAML as `kubectl get -o yaml` writes it, for every reader: block style, two-space indents,
+/// sequences not indented under their key, and every string that a YAML 1.1 reader (kubectl's
+/// go-yaml, PyYAML) would take for something else quoted.
+///
+/// serde_yaml writes YAML 1.2, where only `true`/`false`/`null`/`~` and 1.2's numbers are not
+/// strings: it leaves `yes`, `on`, `off`, `y`, `n`, `0o17`-less octals such as `0777` aside,
+/// sexagesimals (`1:20`), `1_000` and timestamps plain, and a 1.1 reader then reads a label
+/// `on` as the boolean `true` (`vmplane get -o yaml | kubectl apply -f -` fails). This writer
+/// lays out the structure itself and takes each scalar's text from serde_yaml (so the output is
+/// serde_yaml's byte for byte, tests hold it), but single-quotes those strings, keys included.
+pub mod yaml {
+    use serde_json::Value;
+
+    /// `value` as a YAML document (no `---`), ending in a newline.
+    pub fn to_string(value: &Value) -> String {
+        let mut out = String::new();
+        Writer { quote_yaml11: true }.document(&mut out, value, 0);
+        out
+    }
+
+    /// `value` as a YAML document with every line indented by `indent` spaces (a section of a
+    /// larger text).
+    pub fn indented(value: &Value, indent: usize) -> String {
+        let mut out = String::new();
+        Writer { quote_yaml11: true }.document(&mut out, value, indent);
+        out
+    }
+
+    /// `value` as one item (`- ...`) of a top-level sequence.
+    pub fn list_item(value: &Value) -> String {
+        let mut out = String::new();
+        Writer { quote_yaml11: true }.seq_item(&mut out, value, 0, false);
+        out
+    }
+
+    /// Whether a YAML 1.1 reader (or a 1.2 one) would read the plain scalar `s` as something
+    /// other than a string: a boolean (`y|yes|on|off|n|no|true|false` in their three cases), a
+    /// null (`~`, `null`, empty), a merge or value key (`<<`, `=`), a number (signed or not:
+    /// decimal with `_`, octal `0777`, `0o17`, hex `0x1F`, binary `0b101`, float `.5`, `1.`,
+    /// `1e3`, sexagesimal `1:20`, `1:20.5`, `.inf`, `.nan`), or a timestamp (`2024-01-01...`).
+    /// Quoting more than a reader needs is harmless: a quoted scalar is always a string.
+    pub fn reads_as_non_string(s: &str) -> bool {
+        matches!(
+            s,
+            "" | "~"
+                | "null"
+                | "Null"
+                | "NULL"
+                | "<<"
+                | "="
+                | "y"
+                | "Y"
+                | "yes"
+                | "Yes"
+                | "YES"
+                | "n"
+                | "N"
+                | "no"
+                | "No"
+                | "NO"
+                | "true"
+                | "True"
+                | "TRUE"
+                | "false"
+                | "False"
+                | "FALSE"
+                | "on"
+                | "On"
+                | "ON"
+                | "off"
+                | "Off"
+                | "OFF"
+        ) || number(s)
+            || timestamp(s)
+    }
+
+    fn digits_(s: &str) -> bool {
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit() || b == b'_')
+    }
+
+    fn number(s: &str) -> bool {
+        let body = s.strip_prefix(['+', '-']).unwrap_or(s);
+        let lower = body.to_ascii_lowercase();
+        if matches!(lower.as_str(), ".inf" | ".nan" | "inf" | "infinity" | "nan") {
+            return true;
+        }
+        for (prefix, ok) in [
+            ("0x", (|b: u8| b.is_ascii_hexdigit()) as fn(u8) -> bool),
+            ("0o", |b| (b'0'..=b'7').contains(&b)),
+            ("0b", |b| b == b'0' || b == b'1'),
+        ] {
+            if let Some(rest) = lower.strip_prefix(prefix) {
+                return !rest.is_empty() && rest.bytes().all(|b| ok(b) || b == b'_');
+            }
+        }
+        if !body.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+            return false;
+        }
+        if body.contains(':') {
+            // Sexagesimal: 1:20, 190:20:30, 1:20.5.
+            let mut parts = body.split(':');
+            let first = parts.next().unwrap_or_default();
+            let mut rest: Vec<&str> = parts.collect();
+            let last = rest.pop().unwrap_or_default();
+            let (last_int, fraction) = last.split_once('.').unwrap_or((last, ""));
+            return digits_(first)
+                && rest.iter().all(|p| digits_(p))
+                && digits_(last_int)
+                && fraction.bytes().all(|b| b.is_ascii_digit() || b == b'_');
+        }
+        // Decimal integer or float: digits and `_`, at most one `.`, an optional exponent.
+        let (mantissa, exponent) = match lower.find('e') {
+            Some(i) => (&body[..i], Some(&body[i + 1..])),
+            None => (body, None),
+        };
+        let (int, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        let int_ok = int.is_empty() || digits_(int);
+        let fraction_ok = fraction.bytes().all(|b| b.is_ascii_digit() || b == b'_');
+        let has_digit = mantissa.bytes().any(|b| b.is_ascii_digit());
+        let exponent_ok = exponent.is_none_or(|e| {
+            let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+            !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())
+        });
+        int_ok && fraction_ok && has_digit && exponent_ok
+    }
+
+    /// `YYYY-M-D`, with or without a time after it: YAML 1.1's timestamp.
+    fn timestamp(s: &str) -> bool {
+        let b = s.as_bytes();
+        b.len() >= 8
+            && b[..4].iter().all(u8::is_ascii_digit)
+            && b[4] == b'-'
+            && b[5].is_ascii_digit()
+            && s[5..].contains('-')
+    }
+
+    /// A string scalar's text as serde_yaml writes it, for the plain cases without asking it.
+    fn plain_without_asking(s: &str) -> bool {
+        s.starts_with(|c: char| c.is_ascii_alphabetic())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'/' | b'-'))
+            && !matches!(
+                s,
+                "true" | "True" | "TRUE" | "false" | "False" | "FALSE" | "null" | "Null" | "NULL"
+            )
+    }
+
+    struct Writer {
+        /// Whether strings YAML 1.1 reads as something else are quoted (off only in the test
+        /// that holds the layout equal to serde_yaml's).
+        quote_yaml11: bool,
+    }
+
+    impl Writer {
+        /// A scalar's text on one line, or a block scalar's header and lines (each line after
+        /// the first indented by two spaces, to be indented further by the caller).
+        fn scalar(&self, v: &Value) -> String {
+            match v {
+                Value::String(s) if self.quote_yaml11 && reads_as_non_string(s) => {
+                    format!("'{}'", s.replace('\'', "''"))
+                }
+                Value::String(s) if plain_without_asking(s) => s.clone(),
+                Value::Null => "null".into(),
+                Value::Bool(b) => b.to_string(),
+                Value::Number(n) if !n.is_f64() => n.to_string(),
+                other => {
+                    let mut text = serde_yaml::to_string(other)
+                        .unwrap_or_else(|_| serde_json::to_string(other).unwrap_or_default());
+                    if text.ends_with('\n') {
+                        text.pop();
+                    }
+                    text
+                }
+            }
+        }
+
+        /// A mapping key: its scalar text, or a double-quoted one when serde_yaml would need a
+        /// complex (`? `) key (a key over lines).
+        fn key(&self, k: &str) -> String {
+            let text = self.scalar(&Value::String(k.to_string()));
+            if text.contains('\n') {
+                serde_json::to_string(k).unwrap_or_default()
+            } else {
+                text
+            }
+        }
+
+        /// Writes a scalar after `: ` or `- ` (already written), a block scalar's lines at
+        /// `indent + 2`.
+        fn scalar_rest(&self, out: &mut String, v: &Value, indent: usize) {
+            let text = self.scalar(v);
+            let mut lines = text.split('\n');
+            out.push_str(lines.next().unwrap_or_default());
+            out.push('\n');
+            for line in lines {
+                if !line.is_empty() {
+                    push_indent(out, indent);
+                    out.push_str(line);
+                }
+                out.push('\n');
+            }
+        }
+
+        fn document(&self, out: &mut String, v: &Value, indent: usize) {
+            match v {
+                Value::Object(m) if !m.is_empty() => self.map_entries(out, m, indent, false),
+                Value::Array(a) if !a.is_empty() => {
+                    for item in a {
+                        self.seq_item(out, item, indent, false);
+                    }
+                }
+                other => {
+                    push_indent(out, indent);
+                    self.value_rest(out, other, indent);
+                }
+            }
+        }
+
+        /// Writes a value whose line has begun (after `key: ` or `- `): a scalar or an empty
+        /// collection on that line.
+        fn value_rest(&self, out: &mut String, v: &Value, indent: usize) {
+            match v {
+                Value::Object(m) if m.is_empty() => out.push_str("{}\n"),
+                Value::Array(a) if a.is_empty() => out.push_str("[]\n"),
+                other => self.scalar_rest(out, other, indent),
+            }
+        }
+
+        fn map_entries(
+            &self,
+            out: &mut String,
+            m: &serde_json::Map<String, Value>,
+            indent: usize,
+            inline_first: bool,
+        ) {
+            for (i, (k, v)) in m.iter().enumerate() {
+                if i > 0 || !inline_first {
+                    push_indent(out, indent);
+                }
+                out.push_str(&self.key(k));
+                out.push(':');
+                match v {
+                    Value::Object(child) if !child.is_empty() => {
+                        out.push('\n');
+                        self.map_entries(out, child, indent + 2, false);
+                    }
+                    // A sequence under a key is not indented (as kubectl and serde_yaml write).
+                    Value::Array(items) if !items.is_empty() => {
+                        out.push('\n');
+                        for item in items {
+                            self.seq_item(out, item, indent, false);
+                        }
+                    }
+                    other => {
+                        out.push(' ');
+                        self.value_rest(out, other, indent);
+                    }
+                }
+            }
+        }
+
+        fn seq_item(&self, out: &mut String, v: &Value, indent: usize, inline: bool) {
+            if !inline {
+                push_indent(out, indent);
+            }
+            out.push_str("- ");
+            match v {
+                Value::Object(m) if !m.is_empty() => self.map_entries(out, m, indent + 2, true),
+                Value::Array(items) if !items.is_empty() => {
+                    for (i, item) in items.iter().enumerate() {
+                        self.seq_item(out, item, indent + 2, i == 0);
+                    }
+                }
+                other => self.value_rest(out, other, indent),
+            }
+        }
+    }
+
+    fn push_indent(out: &mut String, indent: usize) {
+        out.extend(std::iter::repeat_n(' ', indent));
+    }
+
+    #[cfg(test)]
+    pub(super) fn to_string_yaml12(value: &Value) -> String {
+        let mut out = String::new();
+        Writer {
+            quote_yaml11: false,
+        }
+        .document(&mut out, value, 0);
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -998,6 +1306,185 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// Every YAML document of the shared KubeVirt test data, as JSON values (looked for as
+    /// `tests/testdata_dir.rs` says; that file cannot be included from a unit test's module).
+    fn kubevirt_documents() -> Vec<serde_json::Value> {
+        mod testdata_dir {
+            pub fn kubevirt_testdata() -> std::path::PathBuf {
+                let beside =
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata");
+                let base = match std::env::var_os("VMPLANE_TESTDATA") {
+                    Some(dir) => dir.into(),
+                    None if beside.exists() => beside,
+                    None => "/work/shared/testdata".into(),
+                };
+                base.join("kubevirt")
+            }
+        }
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("test data").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|x| x == "yaml") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(&testdata_dir::kubevirt_testdata(), &mut files);
+        files.sort();
+        assert!(files.len() >= 40, "the shared test data is there");
+        files
+            .iter()
+            .flat_map(|f| {
+                vmplane_core::types::parse_documents(&std::fs::read(f).expect("read"))
+                    .expect("parse")
+            })
+            .collect()
+    }
+
+    /// Strings YAML 1.1 readers (kubectl's go-yaml, PyYAML) take for booleans, nulls,
+    /// numbers or timestamps, which serde_yaml (YAML 1.2) writes plain.
+    const YAML11_WORDS: &[&str] = &[
+        "y",
+        "Y",
+        "yes",
+        "Yes",
+        "YES",
+        "n",
+        "N",
+        "no",
+        "No",
+        "NO",
+        "true",
+        "True",
+        "TRUE",
+        "false",
+        "False",
+        "FALSE",
+        "on",
+        "On",
+        "ON",
+        "off",
+        "Off",
+        "OFF",
+        "~",
+        "null",
+        "Null",
+        "NULL",
+        "",
+        "0777",
+        "1e3",
+        ".5",
+        "1:20",
+        "190:20:30",
+        "-1:20",
+        "1:20.5",
+        "1_000",
+        "+1",
+        "-1",
+        "1.",
+        "0x1F",
+        "0o17",
+        "0b101",
+        ".inf",
+        "-.Inf",
+        ".NaN",
+        "+.5",
+        "12e-3",
+        "<<",
+        "2024-01-01",
+        "2026-11-22T11:59:18Z",
+    ];
+
+    #[test]
+    fn yaml_quotes_every_string_a_yaml11_reader_would_take_for_another_type() {
+        for word in YAML11_WORDS {
+            let doc = json!({"metadata": {"labels": {*word: *word}}, "list": [*word]});
+            assert_eq!(
+                yaml::to_string(&doc),
+                format!("metadata:\n  labels:\n    '{word}': '{word}'\nlist:\n- '{word}'\n"),
+                "{word:?}"
+            );
+        }
+        // Strings every reader takes as strings stay plain, as kubectl writes them.
+        for word in [
+            "web",
+            "yess",
+            "onion",
+            "Halted",
+            "kubevirt.io/v1",
+            "2Gi",
+            "100m",
+            "v1.2.3",
+            "1.2.3",
+            "0x",
+            "1e",
+            "e3",
+            "1-2",
+            "nan-node",
+            "10.0.2.0/24",
+            "a:b",
+            "1:2:x",
+        ] {
+            assert!(!yaml::reads_as_non_string(word), "{word:?}");
+            assert_eq!(yaml::to_string(&json!({"k": word})), format!("k: {word}\n"));
+        }
+        // A string with a quote in it keeps it, doubled.
+        assert_eq!(yaml::to_string(&json!("o'n")), "o'n\n");
+        assert_eq!(yaml::to_string(&json!(["1'0"])), "- 1'0\n");
+    }
+
+    #[test]
+    fn yaml_output_reads_back_as_the_same_json_with_the_projects_reader() {
+        let mut tricky = serde_json::Map::new();
+        for word in YAML11_WORDS {
+            tricky.insert((*word).to_string(), json!([*word, {*word: *word}]));
+        }
+        tricky.insert(
+            "block".into(),
+            json!({"on": "line\non\n\n  yes\n", "y": " lead\nx"}),
+        );
+        tricky.insert("it's".into(), json!("'quoted' \"both\" : # -"));
+        tricky.insert(
+            "nested".into(),
+            json!([["on", {"off": []}], {}, [], null, 1.5, -0.0, true]),
+        );
+        tricky.insert("multi\nline key".into(), json!("v"));
+        let mut docs = kubevirt_documents();
+        docs.push(serde_json::Value::Object(tricky));
+        for doc in &docs {
+            let text = yaml::to_string(doc);
+            let back = vmplane_core::types::parse_documents(text.as_bytes())
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+            assert_eq!(back.len(), 1, "{text}");
+            assert_eq!(&back[0], doc, "{text}");
+            // And as a section of a larger text (describe).
+            let section = format!("x:\n{}", yaml::indented(doc, 2));
+            let back = vmplane_core::types::parse_documents(section.as_bytes()).expect("section");
+            assert_eq!(&back[0]["x"], doc, "{section}");
+        }
+    }
+
+    #[test]
+    fn yaml_layout_is_serde_yamls_byte_for_byte_but_for_the_quotes() {
+        let mut docs = kubevirt_documents();
+        docs.push(json!({"a": "multi\nline", "b": [" lead\nx", "t\n", ["x", {"k": "v", "k2": ["z"]}], {}],
+            "c": {"d": "x\n\ny"}, "e": 1.0, "f": 1e300, "g": -0.0, "h": 12345678901234567890u64,
+            "i": "'q'", "j": "a: b", "k": "#c", "l": " x", "m": "tab\there", "n": "\u{1}", "o": "é"}));
+        docs.push(json!([[["deep"]], "x"]));
+        docs.push(json!("top\nlevel"));
+        docs.push(json!({}));
+        for doc in &docs {
+            assert_eq!(
+                yaml::to_string_yaml12(doc),
+                serde_yaml::to_string(doc).expect("serde_yaml"),
+                "{doc}"
+            );
+        }
+    }
 
     #[test]
     fn a_list_streamed_item_by_item_prints_as_the_whole_tree_would() {

@@ -21,33 +21,15 @@ pub const METADATA_NAMESPACE_PREFIX: &str = "vmplane";
 
 /// The machine type of a VMI that names none: KubeVirt's default on amd64 (`q35`, which QEMU
 /// and libvirt resolve to the newest `pc-q35-<version>` the emulator has).
-pub const MACHINE_TYPE_DEFAULT: &str = "q35";
+pub const MACHINE_TYPE_DEFAULT: &str = vmplane_core::defaults::DEFAULT_MACHINE_TYPE_AMD64;
 
-/// Whether vmplane runs machine type `machine`: Q35 machines only, `q35` or `pc-q35-<version>`
-/// (KubeVirt's default `emulatedMachines` on amd64 are `q35*` and `pc-q35*`). The i440FX
-/// machines (`pc`, `pc-i440fx-*`) are refused: secure boot needs Q35's SMM, and vmplane's
-/// devices (SATA on AHCI, PCIe) are laid out for Q35.
+/// Whether vmplane runs machine type `machine`: Q35 machines only, `q35` or `pc-q35-<version>`.
+/// The i440FX machines (`pc`, `pc-i440fx-*`) are refused: secure boot needs Q35's SMM, and
+/// vmplane's devices (SATA on AHCI, PCIe) are laid out for Q35. One rule with admission's
+/// ([`vmplane_core::validate::machine_type_problem`]), which refuses such a VM at apply; this
+/// check stays for a VM stored before admission refused it.
 pub fn machine_type_problem(machine: &str) -> Option<String> {
-    let versioned = machine.strip_prefix("pc-q35-").is_some_and(|version| {
-        !version.is_empty()
-            && version.len() <= 32
-            && version
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    });
-    if machine == MACHINE_TYPE_DEFAULT || versioned {
-        return None;
-    }
-    Some(format!(
-        "machine type {:?} is not supported: vmplane runs Q35 machines, \"q35\" or \
-         \"pc-q35-<version>\"",
-        shown(machine)
-    ))
-}
-
-/// At most 64 characters of a value a user gave, for a message.
-fn shown(value: &str) -> String {
-    value.chars().take(64).collect()
+    vmplane_core::validate::machine_type_problem(machine)
 }
 
 /// Longest libvirt domain name vmplane produces, in bytes.

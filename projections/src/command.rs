@@ -907,6 +907,17 @@ impl CommandHandler {
         {
             put.preference = Some(*p);
         }
+        // What KubeVirt's VM admitter checks against the cluster's features on CREATE: read
+        // only for a template that uses a Discontinued gate's API (rare), so an apply of any
+        // other VM reads nothing more.
+        if put.features.is_none()
+            && !vm_state.is_live()
+            && put.vm.vmi_spec().is_some_and(|spec| {
+                !vmplane_core::features::discontinued_api_uses(spec, "").is_empty()
+            })
+        {
+            put.features = Some(self.cluster_features()?);
+        }
         let vm_command = match command {
             Command::Vm {
                 command: VmCommand::Create(_),
@@ -923,6 +934,21 @@ impl CommandHandler {
             name: name.clone(),
             command: vm_command,
         })
+    }
+
+    /// The cluster's features as the log holds them now (its `cluster/config`).
+    fn cluster_features(&self) -> Result<vmplane_core::features::Features, Error> {
+        let (snapshot, _) = self.load(vmplane_core::streams::CLUSTER_CONFIG, Kind::KubeVirt)?;
+        let config = match &snapshot.state {
+            AggState::Object(s) if s.is_live() => match s.render() {
+                Some(Manifest::Object(_, config)) => Some(config),
+                _ => None,
+            },
+            _ => None,
+        };
+        Ok(vmplane_core::features::Features::from_config(
+            config.as_deref(),
+        ))
     }
 
     fn live_object(

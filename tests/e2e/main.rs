@@ -15,6 +15,7 @@ mod features;
 mod files;
 mod fixtures;
 mod hypervisor_faults;
+mod kubevirt_admission;
 mod linearizability;
 mod manifests;
 mod metrics;
@@ -30,6 +31,7 @@ mod voided;
 mod wait;
 mod walkthrough;
 mod watch;
+mod unknown_fields;
 
 use std::sync::OnceLock;
 

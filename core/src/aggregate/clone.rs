@@ -702,6 +702,8 @@ pub fn target_command(started: &CloneStarted) -> Option<VmCommand> {
         preference: dataprotection::preference_of(started.preference.as_ref()),
         identity_origin: Some(FirmwareOrigin::Cloned),
         recapture_revisions: false,
+        // Filled by the command path, as for an apply.
+        features: None,
     })))
 }
 

@@ -697,6 +697,8 @@ pub fn target_command(started: &RestoreStarted) -> Option<VmCommand> {
         preference: dataprotection::preference_of(started.preference.as_ref()),
         identity_origin: Some(started.firmware_origin),
         recapture_revisions: existing,
+        // Filled by the command path, as for an apply.
+        features: None,
     };
     Some(if existing {
         VmCommand::Update(Box::new(put))

@@ -312,6 +312,11 @@ pub struct PutVm {
     /// an existing VM sets it to put back the snapshot's revisions (KubeVirt restores the
     /// snapshot's ControllerRevisions); `false` for every other command.
     pub recapture_revisions: bool,
+    /// The cluster's features, for what KubeVirt's VM admitter checks against them on CREATE
+    /// ([`crate::features::check_vm_discontinued`]: a Discontinued gate still listed refuses a
+    /// template that uses its API). Filled by the command path when the template uses such an
+    /// API ([`crate::features::discontinued_api_uses`]); `None` checks nothing.
+    pub features: Option<crate::features::Features>,
 }
 
 impl PutVm {
@@ -325,6 +330,7 @@ impl PutVm {
             preference: None,
             identity_origin: None,
             recapture_revisions: false,
+            features: None,
         }
     }
 }
@@ -987,6 +993,12 @@ fn put(state: &VmState, p: &PutVm, ctx: &mut Ctx) -> Result<Decision, Rejection>
 
     let mut c = Causes::new();
     if let Err(r) = validate::vm(&vm) {
+        c.extend(r);
+    }
+    if !live
+        && let Some(features) = &p.features
+        && let Err(r) = crate::features::check_vm_discontinued(features, &vm)
+    {
         c.extend(r);
     }
     if live && let Some(old) = state.vm.as_deref() {

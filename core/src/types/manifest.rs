@@ -99,7 +99,9 @@ impl Kind {
     /// API versions accepted for this kind (the first is the one vmplane writes).
     pub fn versions(self) -> &'static [&'static str] {
         match self.group() {
-            "kubevirt.io" => &["v1"],
+            // v1alpha3 is still served by KubeVirt, deprecated; read as v1
+            // ([`deprecated_api_version`]).
+            "kubevirt.io" => &["v1", "v1alpha3"],
             "instancetype.kubevirt.io" => &["v1beta1"],
             "snapshot.kubevirt.io" => &["v1beta1", "v1alpha1"],
             "clone.kubevirt.io" => &["v1beta1", "v1alpha1"],
@@ -146,6 +148,24 @@ impl Kind {
             .into_iter()
             .find(|k| k.as_str() == kind && k.group() == group && k.versions().contains(&version))
     }
+}
+
+/// The `apiVersion`s KubeVirt still serves but has deprecated, each with its deprecation
+/// warning (KubeVirt's CRD `deprecationWarning`, word for word). vmplane reads them as the
+/// kind's current version: the object is stored, shown and compared as `kubevirt.io/v1`.
+pub const DEPRECATED_API_VERSIONS: [(&str, &str); 1] = [(
+    "kubevirt.io/v1alpha3",
+    "kubevirt.io/v1alpha3 is now deprecated and will be removed in a future release.",
+)];
+
+/// KubeVirt's warning for a manifest written in `api_version`, if that version is deprecated
+/// (`kubevirt.io/v1alpha3`), for the gateway to send back with an accepted apply.
+#[must_use]
+pub fn deprecated_api_version(api_version: &str) -> Option<String> {
+    DEPRECATED_API_VERSIONS
+        .iter()
+        .find(|(v, _)| *v == api_version)
+        .map(|(_, warning)| (*warning).to_owned())
 }
 
 impl Kind {
@@ -651,8 +671,32 @@ impl Manifest {
         Self::of_kind(kind, ParsedDocument { document, value: v })
     }
 
-    /// The typed object of `kind`, read from `source`.
+    /// The typed object of `kind`, read from `source`, its `apiVersion` the kind's current one
+    /// when it was written in a deprecated version ([`DEPRECATED_API_VERSIONS`]).
     fn of_kind<S: TypedSource>(kind: Kind, source: S) -> Result<Manifest, S::Error> {
+        let mut manifest = Self::typed_of_kind(kind, source)?;
+        manifest.upgrade_api_version(kind);
+        Ok(manifest)
+    }
+
+    /// Sets a deprecated `apiVersion` to `kind`'s current one.
+    fn upgrade_api_version(&mut self, kind: Kind) {
+        let api_version = match self {
+            Manifest::VirtualMachine(o) => &mut o.api_version,
+            Manifest::VirtualMachineInstance(o) => &mut o.api_version,
+            Manifest::Instancetype(o) => &mut o.api_version,
+            Manifest::Preference(o) => &mut o.api_version,
+            Manifest::Object(_, o) => &mut o.api_version,
+        };
+        if DEPRECATED_API_VERSIONS
+            .iter()
+            .any(|(v, _)| *v == api_version.as_str())
+        {
+            *api_version = kind.api_version();
+        }
+    }
+
+    fn typed_of_kind<S: TypedSource>(kind: Kind, source: S) -> Result<Manifest, S::Error> {
         Ok(match kind {
             Kind::VirtualMachine => Manifest::VirtualMachine(Box::new(source.typed()?)),
             Kind::VirtualMachineInstance => {

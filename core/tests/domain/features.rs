@@ -391,7 +391,7 @@ fn unknown_and_discontinued_gates_are_accepted_never_enabled_and_warned_about() 
     );
     assert!(
         w[1].reason
-            .contains("the Macvtap network binding is discontinued since v1.3"),
+            .contains("Macvtap network binding is discontinued since v1.3. Please refer to Kubevirt user guide for alternatives."),
         "{}",
         w[1]
     );

@@ -780,7 +780,9 @@ fn several_conflicting_fields_make_one_clear_line_naming_each_once() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// `revisionName` on update (D8, kubevirt.md §2.3: KubeVirt's VM mutator)
+// `revisionName` (kubevirt.md §2.3-2.4): vmplane names no revisions, it captures the referenced
+// object at creation. A user-supplied `revisionName` is refused, not silently replaced by the
+// current revision (audit: the VM got the current revision).
 
 /// `referencing` with `revisionName`s on the matchers (`None`: no such key).
 fn pinned(it: &str, it_rev: Option<&str>, pref: Option<(&str, Option<&str>)>) -> VirtualMachine {
@@ -797,145 +799,127 @@ fn pinned(it: &str, it_rev: Option<&str>, pref: Option<(&str, Option<&str>)>) ->
 const REV_MEDIUM: &str = "example-u1.medium-v1beta1-0444161e-f8d6-4461-808d-5481dc4f3348-1";
 const REV_FEDORA: &str = "example-fedora-v1beta1-77e5a0b6-2f9b-4c4b-9a4f-0f4f1a7c1f0e-1";
 
-/// A live VM on `u1.medium` (pinned to `REV_MEDIUM`) and `fedora` (pinned to `REV_FEDORA`).
-fn pinned_scenario() -> Scenario {
+#[test]
+fn a_revision_name_is_refused_at_its_path_and_nothing_is_appended() {
     let mut s = Scenario::new();
-    s.ok(put(
-        pinned(
-            "u1.medium",
-            Some(REV_MEDIUM),
-            Some(("fedora", Some(REV_FEDORA))),
-        ),
-        Some(u1("medium")),
-        Some(cluster_pref("fedora")),
-    ));
-    s
-}
-
-#[test]
-fn renaming_a_pinned_instancetype_without_its_revision_name_is_refused() {
-    let mut s = pinned_scenario();
-    let before = s.state();
-    let r = assert_rejected(
-        s.when(put(
-            pinned(
-                "u1.large",
-                Some(REV_MEDIUM),
-                Some(("fedora", Some(REV_FEDORA))),
-            ),
-            Some(u1("large")),
-            None,
-        )),
-        Category::Invalid,
-        codes::INVALID_VALUE,
-    );
-    assert_eq!(r.causes.len(), 1, "{r}");
-    assert_eq!(r.causes[0].field, "spec.instancetype.revisionName");
-    assert_eq!(
-        r.causes[0].reason,
-        "the Matcher Name has been updated without updating the RevisionName"
-    );
-    assert_eq!(s.state(), before, "nothing appended");
-}
-
-#[test]
-fn renaming_a_pinned_preference_without_its_revision_name_is_refused() {
-    let mut s = pinned_scenario();
     let r = assert_rejected(
         s.when(put(
             pinned(
                 "u1.medium",
                 Some(REV_MEDIUM),
-                Some(("rhel.9", Some(REV_FEDORA))),
+                Some(("fedora", Some(REV_FEDORA))),
             ),
-            None,
-            Some(cluster_pref("rhel.9")),
+            Some(u1("medium")),
+            Some(cluster_pref("fedora")),
         )),
         Category::Invalid,
-        codes::INVALID_VALUE,
+        codes::UNSUPPORTED,
     );
-    let fields: Vec<&str> = r.causes.iter().map(|c| c.field.as_str()).collect();
-    assert_eq!(fields, ["spec.preference.revisionName"]);
-    assert_eq!(
-        r.causes[0].reason,
-        "the Matcher Name has been updated without updating the RevisionName"
-    );
-    // Both renamed, neither revision updated: both causes.
-    let r = s
-        .when(put(
-            pinned(
-                "u1.large",
-                Some(REV_MEDIUM),
-                Some(("rhel.9", Some(REV_FEDORA))),
-            ),
-            Some(u1("large")),
-            Some(cluster_pref("rhel.9")),
-        ))
-        .unwrap_err();
     let fields: Vec<&str> = r.causes.iter().map(|c| c.field.as_str()).collect();
     assert_eq!(
         fields,
         [
             "spec.instancetype.revisionName",
             "spec.preference.revisionName"
-        ]
+        ],
+        "{r}"
     );
-}
-
-#[test]
-fn a_renamed_matcher_with_its_revision_name_cleared_or_changed_is_accepted() {
-    // Cleared (`revisionName: null`, the user guide's advice).
-    let mut s = pinned_scenario();
-    let d = s.ok(put(
-        pinned("u1.large", None, Some(("fedora", Some(REV_FEDORA)))),
-        Some(u1("large")),
-        None,
-    ));
     assert_eq!(
-        types_of(&d),
-        ["VmSpecEdited", "InstancetypeRevisionCaptured"]
+        r.causes[0].reason,
+        "revisionName is not supported by vmplane: vmplane captures the revision at creation, \
+         see status.instancetypeRef.revision; remove revisionName to use the object's current revision"
     );
-    // Changed along with the name.
-    let mut s = pinned_scenario();
-    s.ok(put(
-        pinned(
-            "u1.large",
-            Some("example-u1.large-v1beta1-1-1"),
-            Some(("rhel.9", Some("example-rhel.9-v1beta1-1-1"))),
-        ),
-        Some(u1("large")),
-        Some(cluster_pref("rhel.9")),
-    ));
-    // Dropping a matcher, or another edit keeping the name, is no rename.
-    let mut s = pinned_scenario();
-    let mut vm = pinned("u1.medium", Some(REV_MEDIUM), None);
-    vm.metadata
-        .labels
-        .get_or_insert_with(Default::default)
-        .insert("team".into(), "a".into());
-    s.ok(put(vm, None, None));
+    assert!(
+        r.causes[1]
+            .reason
+            .contains("see status.preferenceRef.revision"),
+        "{r}"
+    );
+    assert!(s.events.is_empty(), "nothing appended");
 }
 
 #[test]
-fn the_revision_name_rule_applies_only_when_the_old_matcher_had_one() {
-    // No revisionName before: renaming with a revisionName that stays absent is fine, and so
-    // is adding one along with the rename.
+fn a_revision_name_is_refused_on_an_update_too_and_an_empty_one_is_none() {
     let mut s = Scenario::new();
+    // Empty is unset (as KubeVirt reads it).
     s.ok(put(
+        pinned("u1.medium", Some(""), Some(("fedora", Some("")))),
+        Some(u1("medium")),
+        Some(cluster_pref("fedora")),
+    ));
+    let before = s.state();
+    let r = assert_rejected(
+        s.when(put(
+            pinned("u1.medium", Some(REV_MEDIUM), Some(("fedora", None))),
+            None,
+            None,
+        )),
+        Category::Invalid,
+        codes::UNSUPPORTED,
+    );
+    assert_eq!(r.causes.len(), 1, "{r}");
+    assert_eq!(r.causes[0].field, "spec.instancetype.revisionName");
+    assert_eq!(s.state(), before, "nothing appended");
+}
+
+/// A VM stored with a `revisionName` before vmplane refused them (its `VmCreated` carries it).
+fn stored_with_revision_name() -> Scenario {
+    let mut fresh = Scenario::new();
+    let d = fresh.ok(put(
         pinned("u1.medium", None, None),
         Some(u1("medium")),
         None,
     ));
-    s.ok(put(
-        pinned("u1.large", Some(REV_MEDIUM), None),
-        Some(u1("large")),
-        None,
-    ));
-    // A VM created anew (not an update) may carry any revisionName with any name.
-    let mut s = Scenario::new();
-    s.ok(put(
-        pinned("u1.large", Some(REV_MEDIUM), None),
-        Some(u1("large")),
-        None,
-    ));
+    let mut events = d.events.clone();
+    let Some(Event::VmCreated(created)) = events.first_mut() else {
+        panic!("a creation first: {:?}", types_of(&d));
+    };
+    let mut manifest: serde_json::Value = serde_json::from_str(&created.manifest_json).unwrap();
+    manifest["spec"]["instancetype"]["revisionName"] = REV_MEDIUM.into();
+    created.manifest_json = manifest.to_string();
+    Scenario::given(events)
+}
+
+#[test]
+fn a_vm_stored_with_a_revision_name_is_reapplied_without_it() {
+    let mut s = stored_with_revision_name();
+    assert_eq!(
+        s.state()
+            .vm
+            .as_deref()
+            .and_then(|vm| vm.spec.instancetype.as_ref())
+            .and_then(|m| m.revision_name.clone())
+            .as_deref(),
+        Some(REV_MEDIUM)
+    );
+    // Its manifest as stored is refused (the revisionName) ...
+    let r = assert_rejected(
+        s.when(put(pinned("u1.medium", Some(REV_MEDIUM), None), None, None)),
+        Category::Invalid,
+        codes::UNSUPPORTED,
+    );
+    assert_eq!(r.causes[0].field, "spec.instancetype.revisionName");
+    // ... and renaming the matcher keeping it says both rules at the same path (KubeVirt's
+    // "Matcher Name has been updated without updating the RevisionName" too).
+    let r = s
+        .when(put(
+            pinned("u1.large", Some(REV_MEDIUM), None),
+            Some(u1("large")),
+            None,
+        ))
+        .unwrap_err();
+    let reasons: Vec<&str> = r.causes.iter().map(|c| c.reason.as_str()).collect();
+    assert!(
+        reasons.contains(&"the Matcher Name has been updated without updating the RevisionName"),
+        "{r}"
+    );
+    assert!(
+        r.causes
+            .iter()
+            .all(|c| c.field == "spec.instancetype.revisionName"),
+        "{r}"
+    );
+    // Without it, the edit is taken: the captured revision stays.
+    let d = s.ok(put(pinned("u1.medium", None, None), None, None));
+    assert_eq!(types_of(&d), ["VmSpecEdited"]);
 }

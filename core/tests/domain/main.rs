@@ -1,6 +1,7 @@
 //! core's tests, one binary with a module per area (given events / when command / then events
 //! or a specific rejection, through the helpers in `support`).
 
+mod admission;
 mod deletion;
 mod events;
 mod features;

@@ -1578,7 +1578,11 @@ fn row_11_clone_always_new_identity() {
 fn cirros_with_metadata() -> VirtualMachine {
     let mut vm = load_vm("examples/vm-cirros.yaml");
     vm.metadata.namespace = Some("default".into());
-    let labels = serde_json::json!({"kubevirt.io/vm": "vm-cirros", "someKey/a": "1", "someKey/b": "2", "other": "x"});
+    // No `someKey/…` label: a label key's prefix is a lowercase DNS subdomain, so the
+    // snippet's `!someKey/*` can match no label of a valid object (the negation itself:
+    // `clone_filter_negations_win_whatever_their_position`). Annotation keys are compared in
+    // lower case, so `anotherKey/…` annotations are valid.
+    let labels = serde_json::json!({"kubevirt.io/vm": "vm-cirros", "other": "x"});
     let annotations = serde_json::json!({"anotherKey/a": "1", "anotherKeyX": "2", "note": "n", "restore.kubevirt.io/lastRestoreUID": "old-1"});
     vm.metadata.labels = serde_json::from_value(labels.clone()).unwrap();
     vm.metadata.annotations = serde_json::from_value(annotations.clone()).unwrap();
