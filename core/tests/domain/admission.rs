@@ -556,7 +556,8 @@ fn a_vm_create_carrying_the_cluster_features_is_refused_and_an_update_is_not() {
         "edited".to_owned(),
         serde_json::Value::from("yes"),
     )]));
-    s.when(put(edited, Some(listed))).expect("an update is not checked");
+    s.when(put(edited, Some(listed)))
+        .expect("an update is not checked");
 }
 
 // ---------------------------------------------------------------------------------------------
