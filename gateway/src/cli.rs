@@ -108,22 +108,26 @@ impl Cli {
         let namespace_explicit =
             matches.value_source("namespace") == Some(ValueSource::CommandLine);
         let subcommand = matches.subcommand_name().map(str::to_owned);
+        let etcd_only = matches
+            .subcommand_matches("serve")
+            .and_then(etcd_flags_without_etcd);
         let mut cli = Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))?;
         cli.global.namespace_explicit = namespace_explicit;
         // What clap cannot express: the refusal, as clap words its own, for the subcommand.
-        let refusal =
-            if cli.global.output == Some(Output::Name) && !cli.command.prints_object_names() {
-                let name = subcommand.as_deref().unwrap_or_default();
-                Some((
-                    clap::error::ErrorKind::ArgumentConflict,
-                    format!(
-                        "-o name prints object names, and `{name}` prints none; use -o table, yaml \
+        let refusal = if let Some(message) = etcd_only {
+            Some((clap::error::ErrorKind::ArgumentConflict, message))
+        } else if cli.global.output == Some(Output::Name) && !cli.command.prints_object_names() {
+            let name = subcommand.as_deref().unwrap_or_default();
+            Some((
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "-o name prints object names, and `{name}` prints none; use -o table, yaml \
                      or json (-o name is for get, apply, import, delete, patch, label, annotate, \
                      wait, snapshot, restore and clone)"
-                    ),
-                ))
-            } else {
-                match &cli.command {
+                ),
+            ))
+        } else {
+            match &cli.command {
                 // (clap's `requires` is not enforced for a flag that defaults to false.)
                 Command::Delete(delete) if delete.all_namespaces && delete.selector.is_none() => {
                     Some((
@@ -145,7 +149,7 @@ impl Cli {
                 )),
                 _ => None,
             }
-            };
+        };
         if let Some((kind, message)) = refusal {
             cmd.build();
             let sub = cmd
@@ -155,6 +159,43 @@ impl Cli {
         }
         Ok(cli)
     }
+}
+
+/// `serve`'s flags that configure the etcd backend, as given on the command line (or in the
+/// environment) with another backend: refused rather than ignored, since a server started
+/// without its `--backend etcd` would serve a private embedded log of its own.
+fn etcd_flags_without_etcd(serve: &clap::ArgMatches) -> Option<String> {
+    let backend = serve
+        .get_one::<Backend>("backend")
+        .copied()
+        .unwrap_or(Backend::Sled);
+    if backend == Backend::Etcd {
+        return None;
+    }
+    let given: Vec<&str> = [
+        ("etcd_endpoints", "--etcd-endpoints"),
+        ("etcd_prefix", "--etcd-prefix"),
+        ("etcd_max_txn_ops", "--etcd-max-txn-ops"),
+        ("leader_lease_seconds", "--leader-lease-seconds"),
+    ]
+    .into_iter()
+    .filter(|(id, _)| {
+        matches!(
+            serve.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    })
+    .map(|(_, flag)| flag)
+    .collect();
+    if given.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{} applies to --backend etcd only (this is --backend {}): add --backend etcd to serve \
+         the log on etcd",
+        given.join(", "),
+        backend.name()
+    ))
 }
 
 /// Checks that a time flag's value is an RFC 3339 instant, so a bad one is refused naming
@@ -543,19 +584,35 @@ pub enum AdminCommand {
         to_time: Option<String>,
         /// The kind of log to build: `sled` (the default) or `file`; serve the directory with
         /// the same `--backend`. Also how to move a log from one embedded backend to the other:
-        /// back it up, restore it with the other backend.
+        /// back it up, restore it with the other backend. `etcd` is refused: a restore builds an
+        /// embedded log in --data, never an etcd one.
         #[arg(long, value_enum, default_value_t = Backend::Sled)]
         backend: Backend,
     },
     /// Offline: check a data directory's hash chain, positions, payloads, and projections
-    /// against a rebuild.
+    /// against a rebuild; or, with --backend etcd, an etcd log's hash chain, positions, event
+    /// ids and payloads (read-only, while its servers run).
     #[command(
-        after_help = "Stop the server that serves DIR first: the log is opened exclusively.\n\nExamples:\n  vmplane admin verify --data ./vmplane-data\n  vmplane admin verify --data ./restored"
+        after_help = "Stop the server that serves DIR first: the log is opened exclusively.\n\nExamples:\n  vmplane admin verify --data ./vmplane-data\n  vmplane admin verify --data ./restored\n  vmplane admin verify --backend etcd --etcd-endpoints http://10.0.0.1:2379 --etcd-prefix vmplane"
     )]
     Verify {
-        /// The data directory.
-        #[arg(long)]
-        data: PathBuf,
+        /// The data directory (an embedded log: sled or file, told apart by what it holds).
+        #[arg(long, required_unless_present = "etcd_endpoints")]
+        data: Option<PathBuf>,
+        /// `etcd` to verify the log on an etcd cluster; without it, --data's embedded log.
+        #[arg(long, value_enum)]
+        backend: Option<Backend>,
+        /// etcd client URLs, comma-separated (with `--backend etcd`).
+        #[arg(
+            long,
+            value_name = "URL,...",
+            value_delimiter = ',',
+            required_if_eq("backend", "etcd")
+        )]
+        etcd_endpoints: Vec<String>,
+        /// Key prefix of the etcd log (with `--backend etcd`).
+        #[arg(long, value_name = "PREFIX", default_value = "vmplane")]
+        etcd_prefix: String,
     },
 }
 
@@ -1290,6 +1347,50 @@ fn without_client_flags_in_usage(usage: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{duration, wait_for};
+
+    #[test]
+    fn etcd_flags_without_backend_etcd_are_refused_not_ignored() {
+        for (flag, value) in [
+            ("--etcd-endpoints", "http://127.0.0.1:2379"),
+            ("--etcd-prefix", "other"),
+            ("--etcd-max-txn-ops", "256"),
+            ("--leader-lease-seconds", "9"),
+        ] {
+            for backend in [None, Some("sled"), Some("file")] {
+                let mut args = vec!["vmplane", "serve", flag, value];
+                if let Some(backend) = backend {
+                    args.extend(["--backend", backend]);
+                }
+                let err = match Cli::parse_from_args(&args) {
+                    Ok(_) => panic!("{args:?} was accepted"),
+                    Err(err) => err.to_string(),
+                };
+                assert!(
+                    err.contains(&format!("{flag} applies to --backend etcd only"))
+                        && err
+                            .contains(&format!("this is --backend {}", backend.unwrap_or("sled"))),
+                    "{args:?}: {err}"
+                );
+            }
+        }
+        // With --backend etcd they are what they say; without any, nothing is refused.
+        let etcd = [
+            "vmplane",
+            "serve",
+            "--backend",
+            "etcd",
+            "--etcd-endpoints",
+            "http://127.0.0.1:2379",
+            "--etcd-prefix",
+            "p",
+            "--etcd-max-txn-ops",
+            "256",
+            "--leader-lease-seconds",
+            "9",
+        ];
+        assert!(Cli::parse_from_args(etcd).is_ok());
+        assert!(Cli::parse_from_args(["vmplane", "serve"]).is_ok());
+    }
 
     #[test]
     fn wait_for_reads_kubectls_forms_and_checks_objects() {

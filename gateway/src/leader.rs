@@ -148,7 +148,7 @@ impl Drop for ReconcilerSupervisor {
     }
 }
 
-fn supervise(leadership: &Leadership, parts: &SupervisorParts, stop: &AtomicBool) {
+fn supervise(leadership: &Leadership, parts: &SupervisorParts, stop: &Arc<AtomicBool>) {
     let stopping = || stop.load(Ordering::SeqCst);
     // An embedded log's only server leads at once: it has no one to stand by for.
     let elected = matches!(leadership, Leadership::Etcd(_));
@@ -189,7 +189,11 @@ fn supervise(leadership: &Leadership, parts: &SupervisorParts, stop: &AtomicBool
 }
 
 /// Runs the reconciler for one term; returns why the term ended.
-fn lead(term: &HeldTerm, parts: &SupervisorParts, stop: &AtomicBool) -> anyhow::Result<String> {
+fn lead(
+    term: &HeldTerm,
+    parts: &SupervisorParts,
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<String> {
     // Decide on the log as it is now, not on what this server's projections last applied.
     let head = parts.log.head();
     parts
@@ -203,11 +207,20 @@ fn lead(term: &HeldTerm, parts: &SupervisorParts, stop: &AtomicBool) -> anyhow::
         parts.projections.cache().clone(),
         CommandOptions::default(),
     ));
-    let term_over: Arc<dyn Fn() -> Option<String> + Send + Sync> = match term {
-        HeldTerm::Local(_) => Arc::new(|| None),
-        // The term's own view (no etcd call), shared with the control plane.
-        HeldTerm::Etcd(t) => Arc::new(t.lost_check()),
+    // The term's own view (no etcd call), shared with the control plane; and the shutdown,
+    // so that a pass in progress stops at its next call to the control plane instead of going
+    // over every VM first (a stop waits for the pass in progress).
+    let shutting_down = Arc::clone(stop);
+    let term_check: Box<dyn Fn() -> Option<String> + Send + Sync> = match term {
+        HeldTerm::Local(_) => Box::new(|| None),
+        HeldTerm::Etcd(t) => Box::new(t.lost_check()),
     };
+    let term_over: Arc<dyn Fn() -> Option<String> + Send + Sync> = Arc::new(move || {
+        if shutting_down.load(Ordering::SeqCst) {
+            return Some("the server is shutting down".to_owned());
+        }
+        term_check()
+    });
     let control = Arc::new(
         ServerControlPlane::new(Arc::clone(&parts.projections), commands).with_term(term_over),
     );

@@ -23,7 +23,12 @@
 //! | `vmplane_vms` | gauge | `status` (printableStatus) |
 //! | `vmplane_vmi_feature_mismatch` | gauge | |
 //! | `vmplane_hypervisor_node_reachable` | gauge | `node` |
+//! | `vmplane_log_backend_up` | gauge | |
 //!
+//! `vmplane_log_backend_up` is 1 while the log's storage answers and 0 while it does not: on
+//! etcd, 0 once an operation has gone unanswered for longer than a request's timeout (no
+//! quorum, every member down), 1 again at the next answer (the store logs each change, WARN
+//! then INFO); an embedded log is always 1.
 //! Gauges are computed when scraped, from the log and the projections: nothing here is a
 //! second truth. `vmplane_hypervisor_node_reachable` is 1 for a `--hypervisor` node the
 //! reconciler's last pass could list and 0 for one it could not (libvirt did not answer); only
@@ -84,6 +89,19 @@ pub fn set_hypervisor_nodes(nodes: Vec<(String, bool)>) {
         .unwrap_or_else(PoisonError::into_inner) = nodes;
 }
 
+/// Whether the log's storage answers, for `vmplane_log_backend_up` (`None`: an embedded log,
+/// always up).
+type BackendUp = Arc<dyn Fn() -> bool + Send + Sync>;
+static LOG_BACKEND_UP: Mutex<Option<BackendUp>> = Mutex::new(None);
+
+/// Tells the metrics how to learn whether the log's storage answers (`server` calls it when it
+/// opens an etcd log).
+pub fn set_log_backend_up(up: Option<BackendUp>) {
+    *LOG_BACKEND_UP
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = up;
+}
+
 /// What [`Metrics::scrape`] writes: OpenMetrics text, not Prometheus' older text format
 /// (the `_total` suffix only on samples, the closing `# EOF`).
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -104,6 +122,7 @@ pub struct Metrics {
     vm_statuses: Mutex<BTreeSet<String>>,
     feature_mismatch: Gauge,
     node_reachable: Family<NodeLabels, Gauge>,
+    backend_up: Gauge,
 }
 
 /// The `method` label of unknown paths.
@@ -265,8 +284,15 @@ impl Metrics {
              not answer (only on the server whose reconciler leads)",
             node_reachable.clone(),
         );
+        let backend_up = Gauge::default();
+        registry.register(
+            "vmplane_log_backend_up",
+            "1 when the log's storage answers (on etcd: it answered lately), 0 when it does not",
+            backend_up.clone(),
+        );
         Metrics {
             registry,
+            backend_up,
             handled,
             latency,
             log_head,
@@ -309,6 +335,12 @@ impl Metrics {
     /// Refreshes the gauges from the log and the projections, then encodes everything in the
     /// Prometheus text format.
     pub fn scrape(&self, log: &dyn EventLog, projections: &Projections) -> Result<String, String> {
+        // First: what follows may fail when the storage does not answer.
+        let up = LOG_BACKEND_UP
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        self.backend_up.set(i64::from(up.is_none_or(|up| up())));
         let head = log.head().0;
         let applied = projections.position().0;
         self.log_head.set(head as i64);
@@ -354,6 +386,7 @@ impl Metrics {
         }
         self.feature_mismatch.set(mismatched);
         self.refresh_hypervisor_nodes();
+
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .map_err(|e| format!("encoding metrics: {e}"))?;

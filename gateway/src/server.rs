@@ -731,7 +731,14 @@ async fn open_log(
                     holder,
                 )
                 .context("--leader-lease-seconds")?;
-            Ok((Arc::new(log), Leadership::Etcd(Box::new(election))))
+            let log = Arc::new(log);
+            // `vmplane_log_backend_up`: whether etcd answered lately (a weak reference: the
+            // metrics keep no log open).
+            let watched = Arc::downgrade(&log);
+            crate::metrics::set_log_backend_up(Some(Arc::new(move || {
+                watched.upgrade().is_none_or(|log| log.backend_up())
+            })));
+            Ok((log, Leadership::Etcd(Box::new(election))))
         }
     }
 }

@@ -92,6 +92,13 @@ pub fn from_store(context: &str, err: &vmplane_store::Error) -> Status {
         E::LimitExceeded { .. } => Status::resource_exhausted(message),
         E::Conflict { .. } => Status::aborted(message),
         E::ClaimTaken { .. } => Status::already_exists(message),
+        // The log's storage cannot answer now (etcd without a quorum, a poisoned log that must
+        // be reopened): a client may retry later, with the same request id.
+        E::Unavailable { .. } => Status::unavailable(message),
+        // etcd's NOSPACE: refused before anything was committed.
+        E::StorageFull { .. } => Status::resource_exhausted(message),
+        // The server's log settings do not fit its storage; an operator must change them.
+        E::Misconfigured { .. } => Status::failed_precondition(message),
         _ => Status::internal(message),
     }
 }
@@ -150,6 +157,33 @@ pub fn request_too_large(path: &str, headers: &mut http::HeaderMap) {
 mod tests {
     use super::*;
     use vmplane_core::Cause;
+
+    #[test]
+    fn the_logs_storage_failures_map_to_what_a_client_can_act_on() {
+        use vmplane_store::Error as E;
+        let unavailable = E::Unavailable {
+            reason: "etcd cluster [a] unavailable while reading the log's head".into(),
+        };
+        let full = E::StorageFull {
+            reason: "etcd cluster [a] is out of space".into(),
+        };
+        let misconfigured = E::Misconfigured {
+            reason: "--etcd-max-txn-ops exceeds a member's --max-txn-ops".into(),
+        };
+        for (err, code) in [
+            (unavailable, Code::Unavailable),
+            (full, Code::ResourceExhausted),
+            (misconfigured, Code::FailedPrecondition),
+        ] {
+            let status = from_store("vm/default/a", &err);
+            assert_eq!(status.code(), code, "{err}");
+            assert!(
+                status.message().starts_with("vm/default/a: "),
+                "{}",
+                status.message()
+            );
+        }
+    }
 
     #[test]
     fn every_category_maps_to_its_grpc_code() {

@@ -704,6 +704,8 @@ impl Committer {
                 .await
                 .map_err(|err| match err {
                     Error::Unavailable { reason } => Failure::Unavailable(reason),
+                    Error::StorageFull { reason } => Failure::Full(reason),
+                    Error::Misconfigured { reason } => Failure::Misconfigured(reason),
                     other => Failure::Refused {
                         context: "indexing the log",
                         reason: other.to_string(),
@@ -975,6 +977,8 @@ fn unknown_outcome(decisions: Vec<Decision>, failure: &Failure) -> Vec<Result<Ap
         Failure::Unavailable(reason) => format!(
             "{reason}; the append may or may not be committed: retry it with the same event ids"
         ),
+        // Refused before anything was committed: said as it is, nothing to wonder about.
+        Failure::Full(reason) | Failure::Misconfigured(reason) => reason.clone(),
         Failure::Refused { reason, .. } => reason.clone(),
     };
     decisions
@@ -984,6 +988,12 @@ fn unknown_outcome(decisions: Vec<Decision>, failure: &Failure) -> Vec<Result<Ap
             Decision::Replay(result) => Ok(result),
             Decision::Accept { .. } => Err(match failure {
                 Failure::Unavailable(_) => Error::Unavailable {
+                    reason: reason.clone(),
+                },
+                Failure::Full(_) => Error::StorageFull {
+                    reason: reason.clone(),
+                },
+                Failure::Misconfigured(_) => Error::Misconfigured {
                     reason: reason.clone(),
                 },
                 Failure::Refused { context, .. } => Error::Storage {

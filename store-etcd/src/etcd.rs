@@ -17,6 +17,9 @@ use vmplane_store::Error;
 /// Responses hold at most `read_page_events_max` events of at most 1 MiB each.
 const DECODING_MESSAGE_BYTES_MAX: usize = 320 << 20;
 
+/// What etcd says when a transaction holds more operations than its `--max-txn-ops`.
+const TOO_MANY_OPS: &str = "too many operations in txn request";
+
 /// Distinct failure causes an `Unavailable` error quotes.
 const CAUSES_SHOWN_MAX: usize = 3;
 
@@ -30,6 +33,81 @@ pub(crate) struct Etcd {
     request_timeout: Duration,
     /// For the committer: a connection to the leader's endpoint alone, tried first.
     pin: Option<Arc<Pin>>,
+    /// Whether etcd answers, shared by every clone (said to operators and in metrics).
+    reachability: Arc<Reachability>,
+}
+
+/// How often a WARN says again that etcd is still unreachable.
+const UNREACHABLE_WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// Whether the cluster answered lately: down once one operation has failed to get an answer
+/// for longer than a request's timeout (a single refused connection to a dead member, retried
+/// on another at once, is not an outage), up again at the next answer. Each change is logged
+/// once (WARN when it goes, INFO when it is back), and an outage again every
+/// [`UNREACHABLE_WARN_EVERY`].
+#[derive(Debug)]
+pub(crate) struct Reachability {
+    up: AtomicBool,
+    /// When it went down, and when a WARN last said so.
+    down: Mutex<Option<(Instant, Instant)>>,
+}
+
+impl Default for Reachability {
+    fn default() -> Self {
+        Reachability {
+            up: AtomicBool::new(true),
+            down: Mutex::new(None),
+        }
+    }
+}
+
+impl Reachability {
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    fn failing(&self, endpoints: &str, what: &str, cause: &str) {
+        let now = Instant::now();
+        let mut down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut *down {
+            None => {
+                *down = Some((now, now));
+                self.up.store(false, Ordering::Relaxed);
+                tracing::warn!(
+                    etcd = endpoints,
+                    while_ = what,
+                    %cause,
+                    "etcd unreachable: the log cannot be read or written until it answers"
+                );
+            }
+            Some((since, warned)) if now.duration_since(*warned) >= UNREACHABLE_WARN_EVERY => {
+                *warned = now;
+                tracing::warn!(
+                    etcd = endpoints,
+                    while_ = what,
+                    %cause,
+                    down_secs = now.duration_since(*since).as_secs(),
+                    "etcd still unreachable"
+                );
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn answered(&self, endpoints: &str) {
+        if self.is_up() {
+            return;
+        }
+        let mut down = self.down.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((since, _)) = down.take() {
+            self.up.store(true, Ordering::Relaxed);
+            tracing::info!(
+                etcd = endpoints,
+                down_ms = since.elapsed().as_millis() as u64,
+                "etcd reachable again"
+            );
+        }
+    }
 }
 
 /// A connection to one member (the leader when it was made), used for the first attempt of
@@ -55,6 +133,11 @@ struct Pin {
 pub(crate) enum Failure {
     /// The cluster did not answer usefully before the deadline.
     Unavailable(String),
+    /// etcd is out of space (NOSPACE): refused before anything was committed.
+    Full(String),
+    /// etcd refused the request because of how this log is configured (a transaction with more
+    /// operations than `--max-txn-ops`): refused before anything was committed.
+    Misconfigured(String),
     /// etcd refused the request for a reason a retry will not change.
     Refused {
         context: &'static str,
@@ -66,6 +149,8 @@ impl Failure {
     pub(crate) fn into_error(self) -> Error {
         match self {
             Failure::Unavailable(reason) => Error::Unavailable { reason },
+            Failure::Full(reason) => Error::StorageFull { reason },
+            Failure::Misconfigured(reason) => Error::Misconfigured { reason },
             Failure::Refused { context, reason } => Error::Storage { context, reason },
         }
     }
@@ -129,6 +214,7 @@ impl Etcd {
             endpoint_list: endpoints.to_vec(),
             request_timeout,
             pin: None,
+            reachability: Arc::new(Reachability::default()),
         })
     }
 
@@ -202,6 +288,11 @@ impl Etcd {
         self.client.clone()
     }
 
+    /// Whether etcd answered lately (see [`Reachability`]).
+    pub(crate) fn reachable(&self) -> bool {
+        self.reachability.is_up()
+    }
+
     pub(crate) fn request_timeout(&self) -> Duration {
         self.request_timeout
     }
@@ -252,9 +343,20 @@ impl Etcd {
                 pin.failed.store(true, Ordering::Relaxed);
             }
             let last = match outcome {
-                Ok(Ok(value)) => return Ok(value),
+                Ok(Ok(value)) => {
+                    self.reachability.answered(&self.endpoints);
+                    return Ok(value);
+                }
                 Ok(Err(err)) => match judge(&err) {
                     Verdict::Retry(reason) => reason,
+                    Verdict::Refuse(reason) if reason.contains(TOO_MANY_OPS) => {
+                        return Err(Failure::Misconfigured(format!(
+                            "etcd refused a transaction while {what} ({reason}): the log's \
+                             operations per transaction (vmplane serve --etcd-max-txn-ops, \
+                             EtcdOptions::txn_ops_max) exceed an etcd member's --max-txn-ops; \
+                             lower the one or raise the other"
+                        )));
+                    }
                     Verdict::Refuse(reason) => {
                         return Err(Failure::Refused {
                             context: what,
@@ -262,7 +364,7 @@ impl Etcd {
                         });
                     }
                     Verdict::Full(reason) => {
-                        return Err(Failure::Unavailable(format!(
+                        return Err(Failure::Full(format!(
                             "etcd cluster [{}] is out of space while {what} ({reason}): \
                              compact, defragment and disarm the NOSPACE alarm",
                             self.endpoints
@@ -271,6 +373,9 @@ impl Etcd {
                 },
                 Err(_) => format!("no answer within {} ms", budget.as_millis()),
             };
+            if started.elapsed() >= self.request_timeout {
+                self.reachability.failing(&self.endpoints, what, &last);
+            }
             causes.retain(|cause| *cause != last);
             causes.push(last);
             if causes.len() > CAUSES_SHOWN_MAX {

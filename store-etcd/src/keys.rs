@@ -37,6 +37,11 @@ impl Keys {
         }
     }
 
+    /// `<namespace>/v1/`: every key of this log is under it.
+    pub(crate) fn root(&self) -> &str {
+        &self.root
+    }
+
     pub(crate) fn head(&self) -> Vec<u8> {
         format!("{}head", self.root).into_bytes()
     }

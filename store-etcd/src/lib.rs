@@ -116,6 +116,7 @@
 
 #![deny(missing_docs)]
 
+mod batches;
 mod codec;
 mod commit;
 mod etcd;
@@ -157,6 +158,8 @@ pub const DEFAULT_TXN_OPS_MAX: usize = crate::etcd::TXN_OPS_MAX;
 /// 1.5 MiB request limit.
 pub const NAMESPACE_BYTES_MAX: usize = 128;
 
+pub use crate::batches::DEFAULT_BATCH_CACHE_BYTES;
+
 /// How to reach etcd and where the log lives in it.
 #[derive(Clone, Debug)]
 pub struct EtcdOptions {
@@ -180,6 +183,10 @@ pub struct EtcdOptions {
     /// append (events and their ids share the batch's one put), so a higher value pays only
     /// when more than about 120 appends that claim something wait at once.
     pub txn_ops_max: usize,
+    /// Bytes of batches already read that this process keeps in memory (decoded), so that
+    /// reading the same events again costs etcd nothing: batches never change once committed.
+    /// Default [`DEFAULT_BATCH_CACHE_BYTES`]; 0 keeps none.
+    pub batch_cache_bytes: usize,
 }
 
 impl EtcdOptions {
@@ -194,6 +201,7 @@ impl EtcdOptions {
             unavailable_after: Duration::from_secs(10),
             pipeline_depth: 1,
             txn_ops_max: DEFAULT_TXN_OPS_MAX,
+            batch_cache_bytes: DEFAULT_BATCH_CACHE_BYTES,
         }
     }
 }
@@ -246,6 +254,17 @@ impl Shared {
     }
 }
 
+/// The batches one [`EtcdLog`] keeps after reading them ([`EtcdLog::batch_cache_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchCacheStats {
+    /// Reads of a batch answered from memory.
+    pub hits: u64,
+    /// Lookups that found no kept batch (the batch was then read from etcd).
+    pub misses: u64,
+    /// Bytes kept (an estimate of the decoded events' size).
+    pub bytes: u64,
+}
+
 /// The in-memory index of one [`EtcdLog`] ([`EtcdLog::index_stats`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IndexStats {
@@ -266,6 +285,8 @@ pub struct EtcdLog {
     shared: Arc<Shared>,
     /// Event ids and streams up to some head (see `index.rs`); the committer's and the readers'.
     index: Arc<tokio::sync::Mutex<LogIndex>>,
+    /// Batches already read (see `batches.rs`).
+    pub(crate) batches: batches::BatchCache,
     queue: Option<mpsc::UnboundedSender<Pending>>,
 }
 
@@ -302,6 +323,18 @@ impl EtcdLog {
         if options.endpoints.is_empty() {
             return Err(Error::InvalidRequest {
                 reason: "no etcd endpoints given".into(),
+            });
+        }
+        if let Some(url) = options
+            .endpoints
+            .iter()
+            .find(|e| e.trim().to_ascii_lowercase().starts_with("https://"))
+        {
+            return Err(Error::Misconfigured {
+                reason: format!(
+                    "etcd endpoint {url}: TLS to etcd is not supported by this build; use \
+                     http:// on a trusted network"
+                ),
             });
         }
         if options.namespace.trim_matches('/').is_empty() {
@@ -350,6 +383,7 @@ impl EtcdLog {
             };
             Ok::<_, Error>((etcd, head, revision))
         })?;
+        runtime.block_on(refuse_nested(&etcd, &keys, &options.namespace, deadline))?;
         let shared = Arc::new(Shared::new(head.position));
         let index = Arc::new(tokio::sync::Mutex::new(LogIndex::new()));
         // Index the log in the background: the first append or stream read waits for it (a
@@ -387,6 +421,7 @@ impl EtcdLog {
             Arc::clone(&shared),
         ));
         tracing::debug!(namespace = %options.namespace, head = head.position, "opened the etcd log");
+        let batches = batches::BatchCache::new(options.batch_cache_bytes);
         Ok(EtcdLog {
             runtime: Some(runtime),
             etcd,
@@ -394,6 +429,7 @@ impl EtcdLog {
             options,
             shared,
             index,
+            batches,
             queue: Some(queue),
         })
     }
@@ -407,6 +443,24 @@ impl EtcdLog {
             guard_failures: self.shared.guard_failures.load(Ordering::Relaxed),
             resent: self.shared.resent.load(Ordering::Relaxed),
             commit_micros: self.shared.commit_micros.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether etcd answered lately: false once an operation has gone unanswered for longer
+    /// than [`EtcdOptions::request_timeout`], true again at the next answer. Each change is
+    /// logged once (WARN, then INFO), an outage again every 30 s.
+    #[must_use]
+    pub fn backend_up(&self) -> bool {
+        self.etcd.reachable()
+    }
+
+    /// Batches kept in memory after a read (see [`EtcdOptions::batch_cache_bytes`]).
+    #[must_use]
+    pub fn batch_cache_stats(&self) -> BatchCacheStats {
+        BatchCacheStats {
+            hits: self.batches.hits.load(Ordering::Relaxed),
+            misses: self.batches.misses.load(Ordering::Relaxed),
+            bytes: self.batches.bytes() as u64,
         }
     }
 
@@ -465,6 +519,68 @@ impl EtcdLog {
     fn deadline(&self) -> Instant {
         Instant::now() + self.options.unavailable_after
     }
+}
+
+/// Refuses a namespace whose keys overlap another vmplane log's: one whose `<prefix>/v1/`
+/// holds this one (an ancestor `A` with `namespace = A/v1/…` whose head key `A/v1/head`
+/// exists), or one nested in this log's own `log/` or `time/` ranges (a key there that is not a
+/// position). Either way one log's keys would be read as the other's, and the log that holds the
+/// other's range breaks ("a malformed key under log/").
+async fn refuse_nested(etcd: &Etcd, keys: &Keys, namespace: &str, deadline: Instant) -> Result<()> {
+    use crate::keys::prefix_end;
+    use etcd_client::GetOptions;
+    let spelled = format!("{}/", namespace.trim_end_matches('/'));
+    let ancestors: Vec<String> = spelled
+        .match_indices("/v1/")
+        .map(|(i, _)| spelled[..i].to_owned())
+        .filter(|a| !a.is_empty())
+        .collect();
+    let mut reads: Vec<(Vec<u8>, Option<GetOptions>)> = ancestors
+        .iter()
+        .map(|a| (format!("{a}/v1/head").into_bytes(), None))
+        .collect();
+    // Batch and time keys are digits: anything after `log/9…` or `time/9…` is not this log's.
+    for sub in ["log/", "time/"] {
+        let range = format!("{}{sub}", keys.root()).into_bytes();
+        let mut from = range.clone();
+        from.push(b'9' + 1);
+        reads.push((
+            from,
+            Some(
+                GetOptions::new()
+                    .with_range(prefix_end(&range))
+                    .with_limit(1)
+                    .with_keys_only(),
+            ),
+        ));
+    }
+    let found = etcd
+        .read_many("checking the namespace", deadline, reads)
+        .await?;
+    for (ancestor, kvs) in ancestors.iter().zip(&found) {
+        if !kvs.is_empty() {
+            return Err(Error::Misconfigured {
+                reason: format!(
+                    "etcd namespace {namespace:?} (vmplane serve --etcd-prefix) lies inside the \
+                     keys of another vmplane log, {ancestor:?} (its head key {ancestor}/v1/head \
+                     exists): its keys would be written among that log's and break it; choose a \
+                     prefix outside every other installation's <prefix>/v1/"
+                ),
+            });
+        }
+    }
+    if let Some(kv) = found[ancestors.len()..].iter().find_map(|kvs| kvs.first()) {
+        return Err(Error::Misconfigured {
+            reason: format!(
+                "etcd namespace {namespace:?} holds a key that is not this log's, {:?}: another \
+                 vmplane log's prefix (vmplane serve --etcd-prefix) lies inside this one's \
+                 {}; move that installation to a prefix of its own",
+                String::from_utf8_lossy(kv.key()),
+                keys.root()
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl Drop for EtcdLog {

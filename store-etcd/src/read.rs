@@ -24,6 +24,14 @@ const READ_PAGE_EVENTS_MAX: u64 = 256;
 /// Batches fetched per etcd request (each at most about 1.2 MB, usually a few tens of KB).
 const READ_PAGE_BATCHES_MAX: i64 = 64;
 
+/// The error for a log whose next event after `expected - 1` is at `found`.
+fn gap(expected: u64, found: Position) -> Error {
+    Error::Corrupt {
+        position: Position(expected),
+        reason: format!("gap in the log: the next event is at {found}"),
+    }
+}
+
 impl EtcdLog {
     /// The head key as etcd has it now.
     pub(crate) async fn read_head(&self) -> Result<Head> {
@@ -50,6 +58,21 @@ impl EtcdLog {
         let mut next = after + 1;
         let log_end = prefix_end(&self.keys.log_prefix());
         while (events.len() as u64) < count {
+            // A batch read before answers from memory: it cannot have changed.
+            if let Some(batch) = self.batches.holding(next) {
+                let from = next;
+                for event in batch.iter().filter(|e| e.position.0 >= from) {
+                    if (events.len() as u64) >= count {
+                        break;
+                    }
+                    if event.position.0 != next {
+                        return Err(gap(next, event.position));
+                    }
+                    events.push(event.clone());
+                    next += 1;
+                }
+                continue;
+            }
             let wanted_last = next.saturating_add(count - events.len() as u64 - 1);
             let span_end = key_after(&self.keys.log(wanted_last));
             let reads = vec![
@@ -77,7 +100,8 @@ impl EtcdLog {
             let batches = within.iter().chain(beyond.iter().filter(|_| !page_full));
             let before = events.len();
             'batches: for kv in batches {
-                for event in self.decode_batch_at(next, kv)? {
+                let batch = self.batches.keep(self.decode_batch_at(next, kv)?);
+                for event in batch.iter() {
                     if event.position.0 < next {
                         continue;
                     }
@@ -85,15 +109,9 @@ impl EtcdLog {
                         break 'batches;
                     }
                     if event.position.0 != next {
-                        return Err(Error::Corrupt {
-                            position: Position(next),
-                            reason: format!(
-                                "gap in the log: the next event is at {}",
-                                event.position
-                            ),
-                        });
+                        return Err(gap(next, event.position));
                     }
-                    events.push(event);
+                    events.push(event.clone());
                     next += 1;
                 }
             }
@@ -115,32 +133,46 @@ impl EtcdLog {
             .log_position(kv.key())
             .ok_or_else(|| Error::Corrupt {
                 position: Position(wanted),
-                reason: "a malformed key under log/".into(),
+                reason: format!(
+                    "a malformed key under log/ (key {:?}, read while looking for position {wanted}): \
+                     something other than this log wrote under its prefix (another installation's \
+                     --etcd-prefix nested in this one's?)",
+                    String::from_utf8_lossy(kv.key())
+                ),
             })?;
         codec::decode_batch(last, kv.value())
     }
 
     pub(crate) async fn scan_inner(&self, after: u64, visit: Visitor<'_>) -> Result<Position> {
-        let head = self.read_head().await?.position;
+        // First up to the head this process already knows (committed, so readable, and mostly
+        // in memory); etcd's head is read only when the visitor wants more than that.
+        let mut head = self.shared.head();
+        let mut asked_etcd = false;
         let mut visited = after;
-        while visited < head {
-            let page = self
-                .read_range(visited, (head - visited).min(READ_PAGE_EVENTS_MAX))
-                .await?;
-            if page.is_empty() {
-                return Err(Error::Corrupt {
-                    position: Position(visited + 1),
-                    reason: format!("the log ends at {visited} but its head is {head}"),
-                });
-            }
-            for event in &page {
-                visited = event.position.0;
-                if visit(&event.as_ref()).is_break() {
-                    return Ok(Position(visited));
+        loop {
+            while visited < head {
+                let page = self
+                    .read_range(visited, (head - visited).min(READ_PAGE_EVENTS_MAX))
+                    .await?;
+                if page.is_empty() {
+                    return Err(Error::Corrupt {
+                        position: Position(visited + 1),
+                        reason: format!("the log ends at {visited} but its head is {head}"),
+                    });
+                }
+                for event in &page {
+                    visited = event.position.0;
+                    if visit(&event.as_ref()).is_break() {
+                        return Ok(Position(visited));
+                    }
                 }
             }
+            if asked_etcd {
+                return Ok(Position(visited));
+            }
+            head = self.read_head().await?.position;
+            asked_etcd = true;
         }
-        Ok(Position(visited))
     }
 
     /// The first batch recorded after `at` starts one past the answer; with none, the head is.
@@ -233,7 +265,22 @@ impl EtcdLog {
         // (run, first revision wanted, last revision wanted), in the order they are returned.
         let mut wanted: Vec<(StreamEntry, Revision, Revision)> = Vec::new();
         let mut total = 0u64;
-        let index = self.index_now().await?;
+        // Events never change once committed: when the index already holds every revision
+        // asked for, the answer is known without asking etcd where its head is now.
+        let index = {
+            let index = self.index.lock().await;
+            let known = index.stream_revision(stream).unwrap_or(0);
+            let covered = match direction {
+                Direction::Forward => known >= from.max(1).saturating_add(max_count - 1),
+                Direction::Backward => from != u64::MAX && from != 0 && known >= from,
+            };
+            if covered {
+                index
+            } else {
+                drop(index);
+                self.index_now().await?
+            }
+        };
         match direction {
             Direction::Forward => {
                 let from = from.max(1);
@@ -279,12 +326,21 @@ impl EtcdLog {
         }
         drop(index);
         let mut events = Vec::with_capacity(total as usize);
+        // A run's events are all in one batch: the one holding its first position. Batches
+        // read before come from memory; the others from etcd, up to TXN_OPS_MAX per request.
+        let mut batches: Vec<Option<crate::batches::Batch>> = wanted
+            .iter()
+            .map(|(entry, first, _)| self.batches.holding(entry.position_of(*first).0))
+            .collect();
+        let missing: Vec<usize> = (0..wanted.len())
+            .filter(|i| batches[*i].is_none())
+            .collect();
         let log_end = prefix_end(&self.keys.log_prefix());
-        for chunk in wanted.chunks(TXN_OPS_MAX) {
-            // A run's events are all in one batch: the one holding its first position.
+        for chunk in missing.chunks(TXN_OPS_MAX) {
             let reads = chunk
                 .iter()
-                .map(|(entry, first, _)| {
+                .map(|i| {
+                    let (entry, first, _) = &wanted[*i];
                     (
                         self.keys.log(entry.position_of(*first).0),
                         Some(GetOptions::new().with_range(log_end.clone()).with_limit(1)),
@@ -295,34 +351,42 @@ impl EtcdLog {
                 .etcd
                 .read_many("reading a stream", self.deadline(), reads)
                 .await?;
-            for ((entry, first, last), kvs) in chunk.iter().zip(results) {
-                let from = entry.position_of(*first);
+            for (i, kvs) in chunk.iter().zip(results) {
+                let (entry, first, _) = &wanted[*i];
                 let batch = match kvs.first() {
-                    Some(kv) => self.decode_batch_at(from.0, kv)?,
-                    None => Vec::new(),
+                    Some(kv) => self
+                        .batches
+                        .keep(self.decode_batch_at(entry.position_of(*first).0, kv)?),
+                    None => std::sync::Arc::new(Vec::new()),
                 };
-                let mut found: Vec<RecordedEvent> = batch
-                    .into_iter()
-                    .filter(|e| e.position >= from && e.position <= entry.position_of(*last))
-                    .collect();
-                for (offset, revision) in (*first..=*last).enumerate() {
-                    let position = entry.position_of(revision);
-                    let event = found.get(offset).filter(|e| {
-                        e.position == position && e.stream == stream && e.revision == revision
+                batches[*i] = Some(batch);
+            }
+        }
+        for ((entry, first, last), batch) in wanted.iter().zip(batches) {
+            let from = entry.position_of(*first);
+            let mut found: Vec<RecordedEvent> = batch
+                .iter()
+                .flat_map(|b| b.iter())
+                .filter(|e| e.position >= from && e.position <= entry.position_of(*last))
+                .cloned()
+                .collect();
+            for (offset, revision) in (*first..=*last).enumerate() {
+                let position = entry.position_of(revision);
+                let event = found.get(offset).filter(|e| {
+                    e.position == position && e.stream == stream && e.revision == revision
+                });
+                if event.is_none() {
+                    return Err(Error::Corrupt {
+                        position,
+                        reason: format!(
+                            "the stream index puts {stream}@{revision} here, the log disagrees"
+                        ),
                     });
-                    if event.is_none() {
-                        return Err(Error::Corrupt {
-                            position,
-                            reason: format!(
-                                "the stream index puts {stream}@{revision} here, the log disagrees"
-                            ),
-                        });
-                    }
                 }
-                match direction {
-                    Direction::Forward => events.append(&mut found),
-                    Direction::Backward => events.extend(found.into_iter().rev()),
-                }
+            }
+            match direction {
+                Direction::Forward => events.append(&mut found),
+                Direction::Backward => events.extend(found.into_iter().rev()),
             }
         }
         Ok(events)

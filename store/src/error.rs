@@ -141,6 +141,23 @@ pub enum Error {
         reason: String,
     },
 
+    /// The storage behind the log is out of space (etcd's NOSPACE alarm): nothing was written,
+    /// and writes keep failing until an operator frees space. Reads still work.
+    #[error("log storage full: {reason}")]
+    StorageFull {
+        /// What the storage said, and what to do.
+        reason: String,
+    },
+
+    /// The log is configured in a way its storage refuses (e.g. more operations per etcd
+    /// transaction than the members allow): nothing was written, and a retry fails the same way
+    /// until the configuration changes.
+    #[error("log misconfigured: {reason}")]
+    Misconfigured {
+        /// What the storage refused, and which setting to change.
+        reason: String,
+    },
+
     /// A commit failed half-way (written but not made durable); the log refuses further appends
     /// until it is reopened, because its in-memory view can no longer be trusted.
     #[error("log unavailable: {reason}")]

@@ -26,12 +26,12 @@ mod qemu;
 mod serve;
 mod snapshots;
 mod tls;
+mod unknown_fields;
 mod views;
 mod voided;
 mod wait;
 mod walkthrough;
 mod watch;
-mod unknown_fields;
 
 use std::sync::OnceLock;
 
