@@ -907,15 +907,7 @@ impl CommandHandler {
         {
             put.preference = Some(*p);
         }
-        // What KubeVirt's VM admitter checks against the cluster's features on CREATE: read
-        // only for a template that uses a Discontinued gate's API (rare), so an apply of any
-        // other VM reads nothing more.
-        if put.features.is_none()
-            && !vm_state.is_live()
-            && put.vm.vmi_spec().is_some_and(|spec| {
-                !vmplane_core::features::discontinued_api_uses(spec, "").is_empty()
-            })
-        {
+        if needs_cluster_features(vm_state, &put) {
             put.features = Some(self.cluster_features()?);
         }
         let vm_command = match command {
@@ -1051,7 +1043,9 @@ fn correlation(meta: &CommandMeta) -> Uuid {
 }
 
 /// Whether [`CommandHandler::resolve`] would read the log for `command`: a VM put that
-/// references an instancetype or preference it does not carry.
+/// references an instancetype or preference it does not carry, or that creates a VM whose
+/// template uses a Discontinued gate's API without the cluster's features
+/// ([`needs_cluster_features`]).
 fn needs_resolving(state: &AggState, command: &Command) -> bool {
     let (
         AggState::Vm(vm_state),
@@ -1066,6 +1060,19 @@ fn needs_resolving(state: &AggState, command: &Command) -> bool {
     let needs = vm::needs(vm_state, &put.vm);
     (put.instancetype.is_none() && needs.instancetype.is_some())
         || (put.preference.is_none() && needs.preference.is_some())
+        || needs_cluster_features(vm_state, put)
+}
+
+/// What KubeVirt's VM admitter checks against the cluster's features on CREATE
+/// ([`vmplane_core::features::check_vm_discontinued`]) needs them: a put that creates a VM whose
+/// template uses a Discontinued gate's API (rare: an apply of any other VM reads nothing more).
+fn needs_cluster_features(vm_state: &vmplane_core::VmState, put: &vm::PutVm) -> bool {
+    put.features.is_none()
+        && !vm_state.is_live()
+        && put
+            .vm
+            .vmi_spec()
+            .is_some_and(|spec| !vmplane_core::features::discontinued_api_uses(spec, "").is_empty())
 }
 
 fn decide(state: &AggState, command: &Command, ctx: &mut Ctx) -> Result<Decision, Rejection> {

@@ -329,21 +329,18 @@ fn a_listed_discontinued_gate_refuses_a_vm_using_its_api() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = Server::start(&dir.path().join("data"), &["--hypervisor", "none"]);
     let vmplane = Cli::new(&server);
-    applied(
-        &vmplane,
-        "kubevirt",
-        "apiVersion: kubevirt.io/v1
+    let config = |gates: &str| {
+        format!(
+            "apiVersion: kubevirt.io/v1
 kind: KubeVirt
-metadata: {name: kubevirt, namespace: kubevirt}
+metadata: {{name: kubevirt, namespace: kubevirt}}
 spec:
   configuration:
-    developerConfiguration: {featureGates: [Macvtap]}
-",
-    );
-    refused(
-        &vmplane,
-        "default",
-        "apiVersion: kubevirt.io/v1
+    developerConfiguration: {{featureGates: [{gates}]}}
+"
+        )
+    };
+    let macvtap_vm = "apiVersion: kubevirt.io/v1
 kind: VirtualMachine
 metadata: {name: q}
 spec:
@@ -355,38 +352,17 @@ spec:
         memory: {guest: 64Mi}
         devices:
           interfaces: [{name: net, macvtap: {}}]
-",
+";
+    applied(&vmplane, "kubevirt", &config("Macvtap"));
+    refused(
+        &vmplane,
+        "default",
+        macvtap_vm,
         &[
             "spec.template.spec.domain.devices.interfaces[0].macvtap",
             "Macvtap network binding is discontinued since v1.3",
         ],
     );
-    applied(
-        &vmplane,
-        "kubevirt",
-        "apiVersion: kubevirt.io/v1
-kind: KubeVirt
-metadata: {name: kubevirt, namespace: kubevirt}
-spec:
-  configuration:
-    developerConfiguration: {featureGates: []}
-",
-    );
-    applied(
-        &vmplane,
-        "default",
-        "apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata: {name: q}
-spec:
-  runStrategy: Halted
-  template:
-    spec:
-      networks: [{name: net, multus: {networkName: n}}]
-      domain:
-        memory: {guest: 64Mi}
-        devices:
-          interfaces: [{name: net, macvtap: {}}]
-",
-    );
+    applied(&vmplane, "kubevirt", &config(""));
+    applied(&vmplane, "default", macvtap_vm);
 }
