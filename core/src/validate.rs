@@ -520,9 +520,7 @@ pub fn vmi_spec(s: &VmiSpec, path: &str, c: &mut Causes) {
                 c.invalid(
                     field.clone(),
                     codes::INVALID_VALUE,
-                    format!(
-                        "{field} must be made up of the following characters [A-Za-z0-9_.+-], if specified"
-                    ),
+                    "must be made up of the following characters [A-Za-z0-9_.+-], if specified",
                 );
             }
         }
@@ -594,7 +592,7 @@ fn resources(s: &VmiSpec, domain: &str, c: &mut Causes) {
                 c.invalid(
                     field.clone(),
                     codes::INVALID_VALUE,
-                    format!("{field} '{q}': must be greater than or equal to 0."),
+                    format!("'{q}': must be greater than or equal to 0."),
                 );
             }
         }
@@ -608,7 +606,7 @@ fn resources(s: &VmiSpec, domain: &str, c: &mut Causes) {
                 field.clone(),
                 codes::INVALID_VALUE,
                 format!(
-                    "{field} '{request}' is greater than {} '{limit}'",
+                    "'{request}' is greater than {} '{limit}'",
                     at("limits", key)
                 ),
             );
@@ -622,7 +620,7 @@ fn resources(s: &VmiSpec, domain: &str, c: &mut Causes) {
         c.invalid(
             field.clone(),
             codes::INVALID_VALUE,
-            format!("{field} '{request}': must be greater than or equal to 1M."),
+            format!("'{request}': must be greater than or equal to 1M."),
         );
     }
     if let Some(guest) = s.domain.memory.as_ref().and_then(|m| m.guest.as_ref())
@@ -635,7 +633,7 @@ fn resources(s: &VmiSpec, domain: &str, c: &mut Causes) {
             field.clone(),
             codes::INVALID_VALUE,
             format!(
-                "{field} '{guest}' must be equal to or less than the memory limit {} '{limit}'",
+                "'{guest}' must be equal to or less than the memory limit {} '{limit}'",
                 at("limits", "memory")
             ),
         );
@@ -741,7 +739,7 @@ fn host_names(s: &VmiSpec, path: &str, c: &mut Causes) {
                 c.invalid(
                     field.clone(),
                     codes::INVALID_VALUE,
-                    format!("{field} does not conform to the kubernetes DNS_LABEL rules : {why}"),
+                    format!("does not conform to the kubernetes DNS_LABEL rules : {why}"),
                 );
             }
         }
@@ -758,7 +756,7 @@ fn host_names(s: &VmiSpec, path: &str, c: &mut Causes) {
         c.invalid(
             field.clone(),
             codes::INVALID_VALUE,
-            format!("{field} does not conform to the kubernetes DNS_SUBDOMAIN rules : {why}"),
+            format!("does not conform to the kubernetes DNS_SUBDOMAIN rules : {why}"),
         );
     }
 }
@@ -781,7 +779,7 @@ fn start_strategy(s: &VmiSpec, path: &str, c: &mut Causes) {
         Some(Value::String(v)) => c.invalid(
             field.clone(),
             codes::INVALID_VALUE,
-            format!("{field} is set with an unrecognized option: {}", shown(v)),
+            format!("is set with an unrecognized option: {}", shown(v)),
         ),
         Some(_) => c.invalid(field, codes::INVALID_VALUE, "must be a string"),
     }

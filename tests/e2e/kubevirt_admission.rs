@@ -41,6 +41,11 @@ fn refused(vmplane: &Cli, ns: &str, manifest: &str, says: &[&str]) -> String {
     for part in says {
         assert!(line.contains(part), "{part:?} missing from {line}");
     }
+    // The field is named once: the reason does not say it again.
+    if let Some(field) = says.first().filter(|f| f.starts_with("spec.")) {
+        assert_eq!(line.matches(&format!("{field}:")).count(), 1, "{line}");
+        assert_eq!(line.matches(&format!("{field} ")).count(), 0, "{line}");
+    }
     let (code, _, _) = vmplane.run(&["get", "vm", "q", "-n", ns]);
     assert_ne!(code, 0, "a refused VM must not exist");
     line
